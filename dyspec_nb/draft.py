@@ -9,7 +9,7 @@ __all__ = ['DraftConfig', 'DraftEmbedding', 'DraftForCausalLM', 'TeacherSeq', 't
            'draft_dir', 'load_draft', 'DraftRecipe', 'cached_teacher', 'recipe_teacher_data', 'mtbench_eval_data',
            'build_default_draft', 'evaluate_draft']
 
-# %% ../nbs/07_draft.ipynb #b4a8fca4
+# %% ../nbs/07_draft.ipynb #4899cafd
 import hashlib, json, math, time
 from dataclasses import dataclass, asdict, field
 from pathlib import Path
@@ -19,7 +19,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from tqdm.auto import tqdm
 from .models import cache_dir
 
-# %% ../nbs/07_draft.ipynb #fe360bbd
+# %% ../nbs/07_draft.ipynb #0b50b6a7
 class DraftConfig(LlamaConfig):
     "A `LlamaConfig` plus the size of the draft's reduced vocabulary and the number of shared rows for the other tokens."
     model_type = 'dyspec_draft'
@@ -93,7 +93,7 @@ class DraftForCausalLM(LlamaForCausalLM):
 AutoConfig.register('dyspec_draft', DraftConfig, exist_ok=True)
 AutoModelForCausalLM.register(DraftConfig, DraftForCausalLM, exist_ok=True)
 
-# %% ../nbs/07_draft.ipynb #24d6113f
+# %% ../nbs/07_draft.ipynb #bd48a3e6
 @dataclass
 class TeacherSeq:
     ids: torch.Tensor        # LongTensor[L]: prompt then generated tokens
@@ -176,7 +176,7 @@ def teacher_scores(target, seqs, k=32, batch_tokens=2048, progress=True, pad_id=
             out[i] = TeacherSeq(seqs[i][0].clone(), 1, t[b, :n - 1].int().clone(), v[b, :n - 1].half().clone())
     return out
 
-# %% ../nbs/07_draft.ipynb #8fc515de
+# %% ../nbs/07_draft.ipynb #ccb338f7
 def teacher_mass(data, vocab_size=49152):
     "DoubleTensor[V]: total target probability each token receives over all rows of `data` (top-k only)."
     m = torch.zeros(vocab_size, dtype=torch.float64)
@@ -221,7 +221,7 @@ def draft_from_target(target, vocab_ids, layers=(0, 1), intermediate_size=None, 
     draft.model.norm.weight.copy_(target.model.norm.weight)
     return draft.eval()
 
-# %% ../nbs/07_draft.ipynb #18305b4c
+# %% ../nbs/07_draft.ipynb #86be4b84
 def distill_loss(reduced_logits, tid, tp, tau=1.0):
     "Per-position KL(target || draft) over the in-vocabulary top-k tokens plus one 'other' outcome: [b, L-1]."
     if tau != 1.0:                                                                             # sharpen the teacher's top-k
@@ -237,7 +237,7 @@ def distill_loss(reduced_logits, tid, tp, tau=1.0):
     ent = -(p * torch.log(p.clamp(min=1e-30))).sum(-1) - p_other * torch.log(p_other.clamp(min=1e-30))
     return ce - ent
 
-# %% ../nbs/07_draft.ipynb #15a4b5dd
+# %% ../nbs/07_draft.ipynb #6cae4b8e
 @dataclass
 class TrainConfig:
     steps: int = 3000
@@ -304,7 +304,7 @@ def train_draft(draft, data, cfg=TrainConfig(), progress=True, log_every=50):
     draft.eval()
     return hist
 
-# %% ../nbs/07_draft.ipynb #2da49ab4
+# %% ../nbs/07_draft.ipynb #164d08bb
 @torch.no_grad()
 def continuation_metrics(draft, target, seqs, temperature=0.6):
     "Agreement (draft argmax == target argmax) and overlap sum(min(p, q)) at `temperature` over the continuation positions of `seqs`."
@@ -348,7 +348,7 @@ def cost_ratio(draft, target, n_tokens=(1, 16), context=128, reps=30, seed=0):
     return {n: dict(target_ms=1e3 * med(times[('target', n)]), draft_ms=1e3 * med(times[('draft', n)]),
                     ratio=med(times[('draft', n)]) / med(times[('target', n)])) for n in n_tokens}
 
-# %% ../nbs/07_draft.ipynb #2f37548b
+# %% ../nbs/07_draft.ipynb #4ba2796f
 def draft_dir():
     "Folder of the shipped draft inside the installed package."
     return Path(__import__('dyspec_nb').__file__).parent / 'draft_model'
@@ -360,7 +360,7 @@ def load_draft(path=None, dtype=torch.float32):
         raise FileNotFoundError(f"no draft model at {path}: reinstall dyspec_nb, or build one with dyspec_nb.draft.build_default_draft()")
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
 
-# %% ../nbs/07_draft.ipynb #4159e8ad
+# %% ../nbs/07_draft.ipynb #fd89822d
 @dataclass
 class DraftRecipe:
     n_generated: int = 1536          # ShareGPT training prompts answered by the target
@@ -406,7 +406,7 @@ def mtbench_eval_data(target, tok, new_tokens=128, progress=True):
     return cached_teacher('mtbench-greedy', dict(new_tokens=new_tokens, k=8), lambda: teacher_data(
         target, mtbench_prompts(tok), new_tokens=new_tokens, k=8, batch_size=40, greedy_every=1, progress=progress))
 
-# %% ../nbs/07_draft.ipynb #4e85d2fb
+# %% ../nbs/07_draft.ipynb #309bb82f
 def build_default_draft(out=None, results=None, recipe=DraftRecipe(), progress=True):
     "Run the whole recipe: teacher data, vocabulary, initialisation, distillation, evaluation; save weights and results."
     from dyspec_nb.models import load_target
