@@ -190,8 +190,11 @@ def main(argv=None):
         from dyspec_nb.builders import BUILDERS
         if args.method != 'autoregressive' and args.method not in BUILDERS:
             parser.error(f"unknown --method {args.method!r}: choose one of {', '.join(sorted(BUILDERS) + ['autoregressive'])}")
-        if not 0 < args.top_p <= 1: parser.error(f"--top-p must be in (0, 1], got {args.top_p}")
-        if args.top_k < 0: parser.error(f"--top-k must be >= 0, got {args.top_k}")
+        import torch
+        from dyspec_nb.verify import sampling_probs
+        for T in (args.temperature, args.draft_temperature):          # the engine's own checks, before loading any model
+            try: sampling_probs(torch.zeros(1, 2), T, args.top_p, args.top_k)
+            except ValueError as e: parser.error(str(e))
         if args.command == 'generate' and not args.prompt.strip(): parser.error('the prompt is empty')
         from dyspec_nb.engine import SpecDecoder
         target, draft, tok = load_pair(args.target, args.draft)

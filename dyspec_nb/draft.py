@@ -4,10 +4,10 @@
 
 # %% auto #0
 __all__ = ['DraftConfig', 'DraftEmbedding', 'DraftForCausalLM', 'TeacherSeq', 'topk_logprobs', 'teacher_batch', 'teacher_data',
-           'teacher_scores', 'teacher_mass', 'choose_vocab', 'draft_from_target', 'distill_loss', 'TrainConfig',
-           'make_batches', 'collate', 'train_draft', 'continuation_metrics', 'causal_mask_4d', 'cost_ratio',
-           'draft_dir', 'load_draft', 'DraftRecipe', 'cached_teacher', 'recipe_teacher_data', 'mtbench_eval_data',
-           'build_default_draft', 'evaluate_draft']
+           'length_batches', 'teacher_scores', 'teacher_mass', 'choose_vocab', 'draft_from_target', 'distill_loss',
+           'TrainConfig', 'make_batches', 'collate', 'train_draft', 'continuation_metrics', 'causal_mask_4d',
+           'cost_ratio', 'draft_dir', 'load_draft', 'DraftRecipe', 'cached_teacher', 'recipe_teacher_data',
+           'mtbench_eval_data', 'build_default_draft', 'evaluate_draft']
 
 # %% ../nbs/07_draft.ipynb #4899cafd
 import hashlib, json, math, time
@@ -156,17 +156,21 @@ def teacher_data(target, prompts, new_tokens=128, k=32, batch_size=64, greedy_ev
         for j, s in zip(idx, teacher_batch(target, [prompts[j] for j in idx], new_tokens, k, temps, g)): out[j] = s
     return out
 
+def length_batches(lengths, batch_tokens):
+    "Lists of indices into `lengths`: sorted by length, each batch at most `batch_tokens` padded tokens (or one sequence)."
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    batches, cur = [], []
+    for i in order:
+        if cur and (len(cur) + 1) * lengths[i] > batch_tokens: batches.append(cur); cur = []
+        cur.append(i)
+    if cur: batches.append(cur)
+    return batches
+
 @torch.no_grad()
 def teacher_scores(target, seqs, k=32, batch_tokens=2048, progress=True, pad_id=2):
     "TeacherSeq for each LongTensor[1, L] of `seqs`: the target's top-k next-token log-probs at every position."
-    order = sorted(range(len(seqs)), key=lambda i: (seqs[i].shape[1], i))
-    batches, cur = [], []
-    for i in order:
-        if cur and (len(cur) + 1) * seqs[i].shape[1] > batch_tokens: batches.append(cur); cur = []
-        cur.append(i)
-    if cur: batches.append(cur)
     out = [None] * len(seqs)
-    for idx in tqdm(batches, desc='target scores', disable=not progress):
+    for idx in tqdm(length_batches([s.shape[1] for s in seqs], batch_tokens), desc='target scores', disable=not progress):
         L = max(seqs[i].shape[1] for i in idx)
         ids = torch.full((len(idx), L), pad_id, dtype=torch.long)
         for b, i in enumerate(idx): ids[b, :seqs[i].shape[1]] = seqs[i][0]                   # right padding: causal, no mask needed
@@ -252,14 +256,8 @@ class TrainConfig:
     tau: float = 1.0
 
 def make_batches(data, batch_tokens):
-    "Lists of sequence indices: sequences sorted by length, each batch at most `batch_tokens` padded tokens."
-    order = sorted(range(len(data)), key=lambda i: (len(data[i].ids), i))
-    batches, cur = [], []
-    for i in order:
-        if cur and (len(cur) + 1) * len(data[i].ids) > batch_tokens: batches.append(cur); cur = []
-        cur.append(i)
-    if cur: batches.append(cur)
-    return batches
+    "Lists of indices into `data` (TeacherSeq): similar lengths together, each batch at most `batch_tokens` padded tokens."
+    return length_batches([len(s.ids) for s in data], batch_tokens)
 
 def collate(data, idx, token_map, K, prompt_weight, pad_id=2):
     "Padded batch: ids [b, L], draft rows of the top-k [b, L-1, k] (-1 outside its vocabulary), top-k probs, weights [b, L-1]."

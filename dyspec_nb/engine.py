@@ -6,7 +6,7 @@
 __all__ = ['PHASES', 'StepRecord', 'GenerationStats', 'GenerationOutput', 'SpecDecoder', 'compare_methods', 'methods_markdown']
 
 # %% ../nbs/08_engine.ipynb #66171767
-import inspect, time
+import inspect, time, weakref
 from dataclasses import dataclass, field
 import torch
 from .tree import TokenTree
@@ -25,12 +25,18 @@ def _input_device(model):
     emb = model.get_input_embeddings().weight
     return torch.device('cpu') if emb.device.type == 'meta' else emb.device
 
+_TRIMS = weakref.WeakKeyDictionary()                        # model -> whether its forward takes `logits_to_keep`
+
+def _trims_logits(model):
+    if model not in _TRIMS: _TRIMS[model] = 'logits_to_keep' in inspect.signature(model.forward).parameters
+    return _TRIMS[model]
+
 def _forward(model, ids, positions, mask, cache, keep=None):
     "Logits (float32, CPU) of one cached forward, rows `keep` only if given: ids/positions LongTensor[q], mask [1, 1, q, k]."
     dev = _input_device(model)
     kw = dict(input_ids=ids[None].to(dev), position_ids=positions[None].to(dev), attention_mask=mask.to(dev),
               past_key_values=cache, use_cache=True)
-    trimmed = keep is not None and 'logits_to_keep' in inspect.signature(model.forward).parameters
+    trimmed = keep is not None and _trims_logits(model)
     if trimmed: kw['logits_to_keep'] = keep.to(dev)          # skip the output layer for rows nobody reads
     with torch.no_grad(): logits = model(**kw).logits[0]     # [q or len(keep), V]
     if keep is not None and not trimmed: logits = logits[keep.to(logits.device)]
@@ -251,22 +257,20 @@ def compare_methods(target, draft, prompts, methods=('dyspec', 'sequoia', 'speci
     from tqdm.auto import tqdm
     decs = {m: SpecDecoder(target, None if m == 'autoregressive' else draft, m, budget) for m in methods}
     for dec in decs.values(): dec.generate(prompts[0], max_new_tokens=4, temperature=temperature, seed=seed, **generate_options)
-    acc = {m: dict(steps=0, new_tokens=0, accepted=0, seconds=0.0, split={p: 0.0 for p in PHASES}, tokens=[]) for m in methods}
+    stats, tokens = {m: GenerationStats() for m in methods}, {m: [] for m in methods}     # all prompts' steps per method
     bar = tqdm(total=len(prompts) * len(methods), desc='prompt x method', disable=not progress)
     for i, pr in enumerate(prompts):
         for m, dec in decs.items():
             out = dec.generate(pr, max_new_tokens=max_new_tokens, temperature=temperature, seed=seed + i, **generate_options)
-            a, s = acc[m], out.stats
-            a['steps'] += s.steps; a['new_tokens'] += s.new_tokens; a['seconds'] += s.seconds
-            a['accepted'] += sum(r.accepted for r in s.records); a['tokens'].append(out.tokens.tolist())
-            for p, v in s.time_split.items(): a['split'][p] += v
+            stats[m].records += out.stats.records; stats[m].seconds += out.stats.seconds; stats[m].prefill += out.stats.prefill
+            tokens[m].append(out.tokens.tolist())
             bar.update()
     bar.close()
     res = {}
-    for m, a in acc.items():
-        res[m] = dict(steps=a['steps'], new_tokens=a['new_tokens'], accepted_per_step=a['accepted'] / max(1, a['steps']),
-                      tokens_per_step=a['new_tokens'] / max(1, a['steps']), seconds_per_token=a['seconds'] / max(1, a['new_tokens']),
-                      time_split={p: v / max(1, a['new_tokens']) for p, v in a['split'].items()}, tokens=a['tokens'])
+    for m, s in stats.items():
+        res[m] = dict(steps=s.steps, new_tokens=s.new_tokens, accepted_per_step=s.accepted_per_step, tokens_per_step=s.tokens_per_step,
+                      seconds_per_token=s.seconds_per_token, time_split={p: v / max(1, s.new_tokens) for p, v in s.time_split.items()},
+                      tokens=tokens[m])
     if 'autoregressive' in res:
         for m in res:
             res[m]['speedup'] = res['autoregressive']['seconds_per_token'] / res[m]['seconds_per_token']
