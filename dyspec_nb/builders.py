@@ -8,7 +8,7 @@ __all__ = ['MAX_BUDGET', 'DEFAULT_ACCEPTANCE', 'BUILDERS', 'check_distributions'
            'C2TClassifier', 'default_c2t_classifier', 'row_entropy', 'c2t', 'c2t_features', 'c2t_examples', 'train_c2t']
 
 # %% ../nbs/02_builders.ipynb #9e7a35ec
-import heapq, itertools, json, math, operator
+import heapq, itertools, json, math, mmap, operator
 from functools import lru_cache
 from pathlib import Path
 import numpy as np
@@ -59,6 +59,12 @@ def _check_count(name, value, low=1, optional=True):
     return value
 
 # %% ../nbs/02_builders.ipynb #886aadff
+def _zero_rows(n, V):
+    "FloatTensor[n, V] of zeros; large ones are a private anonymous mapping whose untouched pages cost nothing."
+    if n * V < 1 << 18: return torch.zeros(n, V)
+    buf = mmap.mmap(-1, n * V * 4, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.from_numpy(np.frombuffer(buf, dtype=np.float32).reshape(n, V))
+
 class _Growing:
     "A tree being built: node lists, the draft rows fetched so far, and checked (batched) draft calls."
     def __init__(self, root_token, draft, mode):
@@ -77,7 +83,8 @@ class _Growing:
 
     def expand(self, nodes):
         "FloatTensor[k, V]: the draft's rows for `nodes`, from one draft call."
-        rows = self.draft(TokenTree(self.tokens, self.parents, self.draws), torch.tensor(nodes, dtype=torch.long))
+        tree = TokenTree.unchecked(torch.tensor(self.tokens), torch.tensor(self.parents), torch.tensor(self.draws))
+        rows = self.draft(tree, torch.tensor(nodes, dtype=torch.long))
         rows = check_distributions(rows, 'draft output', n=len(nodes), V=self.V)
         if self.V is None:
             self.V = rows.shape[1]
@@ -90,7 +97,7 @@ class _Growing:
         "`(tree, q)` for the nodes built so far (or only `keep`, a sorted list of node indices closed under parents)."
         keep = list(range(self.n)) if keep is None else keep
         new = {old: k for k, old in enumerate(keep)}
-        q = torch.zeros(len(keep), self.V)
+        q = _zero_rows(len(keep), self.V)          # [n, V]
         for k, old in enumerate(keep):
             if old in self.rows: q[k] = self.rows[old]
         tree = TokenTree([self.tokens[i] for i in keep], [new.get(self.parents[i], -1) for i in keep],
@@ -98,11 +105,27 @@ class _Growing:
         return tree, q
 
 # %% ../nbs/02_builders.ipynb #d98d8657
+def _draw_uniforms(budget, generator, backend):
+    "FloatTensor[budget] (float64): one uniform per draw of a DySpec builder; checks `backend` first."
+    if backend not in ('auto', 'cpp', 'python'): raise ValueError(f"backend must be 'auto', 'cpp' or 'python', got {backend!r}")
+    return torch.rand(budget, dtype=torch.float64, generator=generator)
+
+def _native(backend):
+    "Whether to build in C++: never for 'python'; for 'auto' when the extension is built (else one warning); 'cpp' requires it."
+    if backend == 'python': return False
+    from dyspec_nb.native import native_available
+    return native_available(required=backend == 'cpp')
+
 def dyspec(root_token, draft, budget, generator=None, *,
-           max_depth=None):   # optional cap on the depth of the tree
+           max_depth=None,    # optional cap on the depth of the tree
+           backend='auto'):   # 'auto': C++ when built, 'cpp' or 'python' (same trees for the same generator state)
     "DySpec's greedy tree (Algorithm 1): repeatedly draw in the open slot of highest estimated value."
     root_token, budget = _check_builder_args(root_token, budget, generator)
     max_depth = _check_count('max_depth', max_depth)
+    us = _draw_uniforms(budget, generator, backend)          # [budget]: the uniform of the k-th draw is us[k]
+    if _native(backend):
+        from dyspec_nb.native import build_native
+        return build_native('greedy', root_token, draft, budget, us, max_depth=max_depth)
     b = _Growing(root_token, draft, WITHOUT_REPLACEMENT)
     tick = itertools.count()
     heap = [(-1.0, next(tick), 0)]                  # (-value, tie-break, node): "the next child of node"
@@ -112,8 +135,7 @@ def dyspec(root_token, draft, budget, generator=None, *,
         v = -negv
         if u not in residual: residual[u] = DraftResidual(b.expand([u])[0])
         R = residual[u]
-        y = R.sample(generator)
-        r = R.prob(y)
+        y, r = R.draw(float(us[b.n - 1]))           # b.n - 1 draws so far
         child = b.add(y, u, score=v)
         R.remove(y)
         if v * (1 - r) > 0 and not R.exhausted: heapq.heappush(heap, (-v * (1 - r), next(tick), u))
@@ -123,12 +145,17 @@ def dyspec(root_token, draft, budget, generator=None, *,
 # %% ../nbs/02_builders.ipynb #8857cde6
 def dyspec_threshold(root_token, draft, budget, generator=None, *,
                      threshold=None,   # expand every slot whose estimated value is at least this (default 2/budget)
-                     max_depth=None):  # optional cap on the depth of the tree
+                     max_depth=None,   # optional cap on the depth of the tree
+                     backend='auto'):  # 'auto': C++ when built, 'cpp' or 'python' (same trees for the same generator state)
     "DySpec's layer-by-layer tree (Algorithm 2): every slot above `threshold`, one batched draft call per layer."
     root_token, budget = _check_builder_args(root_token, budget, generator)
     t = min(1.0, 2.0 / budget) if threshold is None else float(threshold)
     if not 0 < t <= 1: raise ValueError(f"threshold must be in (0, 1], got {threshold}")
     max_depth = _check_count('max_depth', max_depth)
+    us = _draw_uniforms(budget, generator, backend)                  # [budget]: the uniform of the k-th draw is us[k]
+    if _native(backend):
+        from dyspec_nb.native import build_native
+        return build_native('threshold', root_token, draft, budget, us, threshold=t, max_depth=max_depth)
     b = _Growing(root_token, draft, WITHOUT_REPLACEMENT)
     tick = itertools.count()
     layer = [(0, 1.0)]                                      # (node, value of its first-child slot)
@@ -140,8 +167,7 @@ def dyspec_threshold(root_token, draft, budget, generator=None, *,
         while heap and b.n <= budget:
             negv, _, u, R = heapq.heappop(heap)
             v = -negv
-            y = R.sample(generator)
-            r = R.prob(y)
+            y, r = R.draw(float(us[b.n - 1]))
             child = b.add(y, u, score=v)
             R.remove(y)
             if v * (1 - r) >= t and not R.exhausted: heapq.heappush(heap, (-v * (1 - r), next(tick), u, R))

@@ -1,0 +1,263 @@
+// DySpec tree builders in C++: the greedy builder (Algorithm 1) and the threshold builder's layer-by-layer selection
+// (Algorithm 2) of nbs/02_builders.ipynb, drawing the same tokens as the Python reference for the same uniforms.
+//
+// The Python reference is the specification; this file repeats its arithmetic exactly:
+//  * a node's draft row q (float32[V]) is read as float64 weights w; drawn tokens get weight 0; when every weight is 0
+//    the undrawn tokens get weight 1 (Sequoia's fallback);
+//  * a draw with uniform u is a two-level inverse CDF: blocks of BLOCK tokens, sums accumulated in token order inside
+//    a block, block sums accumulated in block order, x = u * total, first block whose running sum exceeds x, then the
+//    first token in it whose running sum exceeds x - (sum of the blocks before). torch.cumsum on the CPU accumulates
+//    in the same order, so both give the same token and the same r = w[y] / total, bit for bit;
+//  * the heap pops the largest value first and, among equal values, the slot pushed first (Python's heapq on
+//    (-value, counter)).
+// What C++ saves: only the block of a drawn token is summed again (BLOCK additions instead of V), and the loop, heap and
+// bookkeeping run without the interpreter. No libtorch: rows arrive as float32 numpy arrays through a Python callback.
+#include <pybind11/pybind11.h>
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <queue>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+using i64 = std::int64_t;
+
+constexpr i64 BLOCK = 256;   // must equal dyspec_nb.tree.CDF_BLOCK
+
+// The residual draft distribution of one node while its children are drawn without replacement.
+struct Residual {
+    py::array_t<float> owner;        // keeps the row's memory alive
+    const float* q = nullptr;        // float32[V]: the node's draft row
+    i64 V = 0, nb = 0;
+    std::vector<double> bsum;        // float64[nb]: sum of the residual weights of each block, in token order
+    double tot = 0.0;                // the block sums added in block order
+    std::vector<i64> drawn;          // drawn tokens, sorted
+    bool uniform = false;            // support used up: weight 1 on every undrawn token
+
+    // Visit the tokens j of block k in order with their residual weight w; stop when f(j, w) returns true.
+    template <class F> void scan_block(i64 k, F f) const {
+        i64 lo = k * BLOCK, hi = std::min(V, lo + BLOCK);
+        auto d = std::lower_bound(drawn.begin(), drawn.end(), lo);
+        for (i64 j = lo; j < hi; ++j) {
+            double w;
+            if (d != drawn.end() && *d == j) { w = 0.0; ++d; }
+            else w = uniform ? 1.0 : (double)q[j];
+            if (f(j, w)) return;
+        }
+    }
+    void sum_block(i64 k) {          // bsum[k] from scratch, in token order
+        double acc = 0.0;
+        scan_block(k, [&](i64, double w) { acc += w; return false; });
+        bsum[k] = acc;
+    }
+    void sum_total() { tot = 0.0; for (double b : bsum) tot += b; }
+
+    // Token drawn with uniform u, and its probability r under the current residual.
+    std::pair<i64, double> draw(double u) const {
+        double x = u * tot, run = 0.0, base = 0.0;
+        i64 k = -1, last = -1;
+        for (i64 b = 0; b < nb; ++b) {
+            double next = run + bsum[b];
+            if (bsum[b] > 0) last = b;
+            if (next > x) { k = b; base = run; break; }
+            run = next;
+        }
+        if (k < 0) {                 // x rounded up to the total: the last block with weight (base as the reference)
+            k = last; base = 0.0;
+            for (i64 b = 0; b < k; ++b) base += bsum[b];
+        }
+        double xb = x - base, acc = 0.0, wy = 0.0;
+        i64 y = -1, lastj = -1;
+        double lastw = 0.0;
+        scan_block(k, [&](i64 j, double w) {
+            acc += w;
+            if (w > 0) { lastj = j; lastw = w; }
+            if (acc > xb) { y = j; wy = w; return true; }
+            return false;
+        });
+        if (y < 0) { y = lastj; wy = lastw; }
+        return {y, wy / tot};
+    }
+
+    void remove(i64 y) {
+        drawn.insert(std::upper_bound(drawn.begin(), drawn.end(), y), y);
+        sum_block(y / BLOCK);
+        sum_total();
+        if (!(tot > 0) && !uniform) {               // support used up: uniform over the undrawn tokens
+            uniform = true;
+            for (i64 b = 0; b < nb; ++b) sum_block(b);
+            sum_total();
+        }
+    }
+    bool exhausted() const { return !(tot > 0); }
+};
+
+// Sum every block of a fresh row in token order (8 blocks at a time: independent chains, same arithmetic), and check
+// that the row is a probability distribution as check_distributions does.
+static std::unique_ptr<Residual> make_residual(py::array_t<float> rows, i64 r, double atol) {
+    auto R = std::make_unique<Residual>();
+    R->owner = rows;
+    R->V = rows.shape(1);
+    R->q = rows.data(r);
+    R->nb = (R->V + BLOCK - 1) / BLOCK;
+    R->bsum.assign(R->nb, 0.0);
+    const float* q = R->q;
+    bool negative = false, nonfinite = false;
+    i64 full = R->V / BLOCK;                        // complete blocks
+    i64 b = 0;
+    for (; b + 8 <= full; b += 8) {
+        double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        for (i64 j = 0; j < BLOCK; ++j)
+            for (int t = 0; t < 8; ++t) {
+                float v = q[(b + t) * BLOCK + j];
+                negative |= v < 0.0f;
+                nonfinite |= !std::isfinite(v);
+                acc[t] += (double)v;
+            }
+        for (int t = 0; t < 8; ++t) R->bsum[b + t] = acc[t];
+    }
+    for (; b < R->nb; ++b) {
+        i64 lo = b * BLOCK, hi = std::min(R->V, lo + BLOCK);
+        double acc = 0.0;
+        for (i64 j = lo; j < hi; ++j) {
+            float v = q[j];
+            negative |= v < 0.0f;
+            nonfinite |= !std::isfinite(v);
+            acc += (double)v;
+        }
+        R->bsum[b] = acc;
+    }
+    if (nonfinite) throw py::value_error("draft output holds NaN or infinite values");
+    if (negative) throw py::value_error("draft output has negative entries: pass probabilities (softmax of logits), not logits");
+    R->sum_total();
+    double s = R->tot;
+    if (std::fabs(s - 1.0) > atol)
+        throw py::value_error("draft output row " + std::to_string(r) + " sums to " + std::to_string(s) +
+                              ", not 1: rows must be probability distributions");
+    return R;
+}
+
+struct Slot { double v; i64 tick; i64 node; };
+struct SlotOrder {                 // priority_queue pops the "largest": highest value, then earliest tick
+    bool operator()(const Slot& a, const Slot& b) const { return a.v < b.v || (a.v == b.v && a.tick > b.tick); }
+};
+
+struct Builder {
+    py::function expand;           // expand(tokens int64[n], parents int64[n], nodes int64[k]) -> float32 array [k, V]
+    i64 V = -1;
+    double atol;
+    std::vector<i64> tokens, parents, depths;
+    std::vector<double> scores;
+
+    Builder(i64 root, py::function f, double atol_) : expand(std::move(f)), atol(atol_) {
+        tokens = {root}; parents = {-1}; depths = {0}; scores = {1.0};
+    }
+    i64 n() const { return (i64)tokens.size(); }
+    i64 add(i64 token, i64 parent, double score) {
+        tokens.push_back(token); parents.push_back(parent); depths.push_back(depths[parent] + 1); scores.push_back(score);
+        return n() - 1;
+    }
+    std::vector<std::unique_ptr<Residual>> rows_for(const std::vector<i64>& nodes) {
+        py::array_t<i64> t(n(), tokens.data()), p(n(), parents.data()), u((i64)nodes.size(), nodes.data());
+        py::object out = expand(t, p, u);
+        auto rows = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(out);
+        if (!rows || rows.ndim() != 2) throw py::value_error("the draft callback must return a float32 array [k, V]");
+        if (rows.shape(0) != (i64)nodes.size())
+            throw py::value_error("draft output has " + std::to_string(rows.shape(0)) + " rows, expected " +
+                                  std::to_string(nodes.size()));
+        if (V < 0) {
+            V = rows.shape(1);
+            if (tokens[0] >= V) throw py::value_error("root_token " + std::to_string(tokens[0]) +
+                                                      " is outside the draft's vocabulary of " + std::to_string(V));
+        } else if (rows.shape(1) != V)
+            throw py::value_error("draft output has vocabulary size " + std::to_string(rows.shape(1)) + ", expected " +
+                                  std::to_string(V) + ": draft and target must share a vocabulary");
+        std::vector<std::unique_ptr<Residual>> res;
+        for (i64 r = 0; r < (i64)nodes.size(); ++r) res.push_back(make_residual(rows, r, atol));
+        return res;
+    }
+    py::tuple result() const { return py::make_tuple(tokens, parents, scores); }
+};
+
+static const double* uniforms_of(const py::array_t<double, py::array::c_style | py::array::forcecast>& u, i64 budget) {
+    if (u.ndim() != 1 || u.shape(0) < budget) throw py::value_error("need one uniform per draft token (budget)");
+    return u.data();
+}
+
+// DySpec's greedy tree: repeatedly draw in the open slot of highest estimated value.
+py::tuple dyspec_greedy(i64 root, py::function expand, i64 budget,
+                        py::array_t<double, py::array::c_style | py::array::forcecast> uniforms,
+                        i64 max_depth, double atol) {
+    const double* us = uniforms_of(uniforms, budget);
+    Builder b(root, std::move(expand), atol);
+    std::priority_queue<Slot, std::vector<Slot>, SlotOrder> heap;
+    std::vector<std::unique_ptr<Residual>> residual(1);      // node -> residual, created on its first expansion
+    i64 tick = 0, draws = 0;
+    heap.push({1.0, tick++, 0});
+    while (!heap.empty() && b.n() <= budget) {
+        Slot s = heap.top(); heap.pop();
+        if ((i64)residual.size() < b.n()) residual.resize(b.n());
+        if (!residual[s.node]) residual[s.node] = std::move(b.rows_for({s.node})[0]);
+        Residual& R = *residual[s.node];
+        auto [y, r] = R.draw(us[draws++]);
+        i64 child = b.add(y, s.node, s.v);
+        R.remove(y);
+        if (s.v * (1 - r) > 0 && !R.exhausted()) heap.push({s.v * (1 - r), tick++, s.node});
+        if (s.v * r > 0 && (max_depth < 0 || b.depths[child] < max_depth)) heap.push({s.v * r, tick++, child});
+    }
+    return b.result();
+}
+
+// DySpec's layer-by-layer tree: every slot whose value is at least `threshold`, one draft call per layer.
+py::tuple dyspec_threshold(i64 root, py::function expand, i64 budget,
+                           py::array_t<double, py::array::c_style | py::array::forcecast> uniforms,
+                           double threshold, i64 max_depth, double atol) {
+    const double* us = uniforms_of(uniforms, budget);
+    Builder b(root, std::move(expand), atol);
+    std::vector<std::pair<i64, double>> layer = {{0, 1.0}};   // (node, value of its first-child slot)
+    i64 tick = 0, draws = 0;
+    while (!layer.empty() && b.n() <= budget) {
+        std::vector<i64> nodes;
+        for (auto& [u, v] : layer) nodes.push_back(u);
+        auto res = b.rows_for(nodes);                         // one batched draft call for the whole layer
+        std::priority_queue<Slot, std::vector<Slot>, SlotOrder> heap;
+        for (i64 i = 0; i < (i64)layer.size(); ++i) heap.push({layer[i].second, tick++, i});   // node: index in layer
+        std::vector<std::pair<i64, double>> nxt;
+        while (!heap.empty() && b.n() <= budget) {
+            Slot s = heap.top(); heap.pop();
+            Residual& R = *res[s.node];
+            i64 u = layer[s.node].first;
+            auto [y, r] = R.draw(us[draws++]);
+            i64 child = b.add(y, u, s.v);
+            R.remove(y);
+            if (s.v * (1 - r) >= threshold && !R.exhausted()) heap.push({s.v * (1 - r), tick++, s.node});
+            if (s.v * r >= threshold && (max_depth < 0 || b.depths[child] < max_depth)) nxt.push_back({child, s.v * r});
+        }
+        layer = std::move(nxt);
+    }
+    return b.result();
+}
+
+// One draw from a row, for tests: (token, probability) of the two-level inverse CDF after removing `drawn` in order.
+py::tuple draw_from_row(py::array_t<float, py::array::c_style | py::array::forcecast> row, std::vector<i64> drawn, double u) {
+    if (row.ndim() != 1) throw py::value_error("row must be 1-D");
+    auto rows = row.reshape({(py::ssize_t)1, row.shape(0)});
+    auto R = make_residual(py::array_t<float>(rows), 0, 1e-3);
+    for (i64 y : drawn) R->remove(y);
+    auto [y, r] = R->draw(u);
+    return py::make_tuple(y, r);
+}
+
+PYBIND11_MODULE(_native, m) {
+    m.doc() = "DySpec tree builders in C++ (see nbs/11_native.ipynb)";
+    m.attr("BLOCK") = BLOCK;
+    m.def("dyspec_greedy", &dyspec_greedy, py::arg("root"), py::arg("expand"), py::arg("budget"), py::arg("uniforms"),
+          py::arg("max_depth") = -1, py::arg("atol") = 1e-3);
+    m.def("dyspec_threshold", &dyspec_threshold, py::arg("root"), py::arg("expand"), py::arg("budget"),
+          py::arg("uniforms"), py::arg("threshold"), py::arg("max_depth") = -1, py::arg("atol") = 1e-3);
+    m.def("draw_from_row", &draw_from_row, py::arg("row"), py::arg("drawn"), py::arg("u"));
+}
