@@ -171,9 +171,15 @@ def _eos_ids(model, eos_token_id):
     e = eos_token_id if eos_token_id is not None else model.generation_config.eos_token_id
     return set() if e is None else set([e] if isinstance(e, int) else e)
 
+def _has_triton():
+    import importlib.util
+    return importlib.util.find_spec('triton') is not None
+
 class SpecDecoder:
     "Speculative decoding of a Hugging Face target with a draft of the same vocabulary, using any builder in `BUILDERS`."
-    def __init__(self, target, draft=None, method='dyspec', budget=16, prefetch=True, **options):   # `options` go to the builder
+    def __init__(self, target, draft=None, method='dyspec', budget=16, prefetch=True,
+                 attention='auto',   # target attention: 'auto' (the Triton tree kernel on CUDA), 'triton' or 'default'
+                 **options):         # `options` go to the builder
         if method != 'autoregressive' and method not in BUILDERS:
             raise ValueError(f"unknown method {method!r}: choose one of {sorted(BUILDERS) + ['autoregressive']}")
         if method != 'autoregressive':
@@ -184,8 +190,14 @@ class SpecDecoder:
             if vt != vd or target.config.vocab_size != draft.config.vocab_size:
                 raise ValueError(f"target and draft vocabularies differ: target has {vt} logits "
                                  f"(config {target.config.vocab_size}), draft {vd} (config {draft.config.vocab_size})")
+        if attention not in ('auto', 'triton', 'default'):
+            raise ValueError(f"attention must be 'auto', 'triton' or 'default', got {attention!r}")
         self.target, self.draft, self.method, self.budget, self.options = target, draft, method, budget, options
         self.prefetch = prefetch
+        self.kernel = attention == 'triton' or (attention == 'auto' and _input_device(target).type == 'cuda' and _has_triton())
+        if self.kernel:                    # the target verifies trees with the block-sparse kernel, in DFS order
+            from dyspec_nb.tree_attention import register_tree_attention
+            register_tree_attention(target)
 
 # %% ../nbs/08_engine.ipynb #959d15a2
 def _as_prompt(input_ids):
@@ -234,6 +246,10 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
         else:
             session = _DraftSession(self.draft, dcache, seq, draft_sampling, self.prefetch)
             tree, q = BUILDERS[self.method](seq[-1], session, budget, g, **self.options)
+        order = None
+        if self.kernel and tree.n > 1:                                     # DFS order: fewer non-empty mask blocks
+            order = tree.dfs_order()
+            tree, q = tree.permute(order), q[order]
         t_built = time.perf_counter()
         n = tree.n
         allowed = torch.cat([torch.ones(n, L - 1, dtype=torch.bool), tree.attention_mask()], 1)
@@ -250,7 +266,7 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
         _keep_positions(tcache, keep_t)
         if session is not None and session.slot:
             path = []                                                        # the part of the accepted path the draft computed
-            for u in [0] + nodes:
+            for u in [0] + (nodes if order is None else order[nodes].tolist()):   # the draft's node numbers
                 if u not in session.slot: break
                 path.append(u)
             first_tree_slot = min(session.slot.values())
