@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['WITHOUT_REPLACEMENT', 'WITH_REPLACEMENT', 'DETERMINISTIC', 'DRAW_NAMES', 'CDF_BLOCK', 'DraftResidual', 'TokenTree',
-           'random_tree', 'plot_tree']
+           'random_tree', 'tree_layout', 'plot_tree']
 
 # %% ../nbs/01_tree.ipynb #12c5e106
 import torch
@@ -215,16 +215,22 @@ def random_tree(n, generator=None, vocab_size=32000):
     return TokenTree(tokens, parents)
 
 # %% ../nbs/01_tree.ipynb #8e998c63
+def tree_layout(tree):
+    "`(depth, row)` of every node, lists of floats: leaves on rows 0, 1, ... in DFS order, a parent midway between its first and last child."
+    ch, row, leaf = tree.children, [0.0] * tree.n, 0
+    for i in tree.dfs_order().tolist():
+        if not ch[i]: row[i], leaf = float(leaf), leaf + 1
+    for i in range(tree.n - 1, -1, -1):          # children come after their parent: every child is placed first
+        if ch[i]: row[i] = (row[ch[i][0]] + row[ch[i][-1]]) / 2
+    return [float(d) for d in tree.depths.tolist()], row
+
 def plot_tree(tree, labels=None, highlight=(), ax=None, title=None):
     "Draw `tree` with node labels (token ids by default) and the nodes in `highlight` emphasised."
     import matplotlib.pyplot as plt
-    n, ch = tree.n, tree.children
-    x, leaf = [0.0] * n, 0
-    for i in tree.dfs_order().tolist():          # leaves left to right in DFS order
-        if not ch[i]: x[i], leaf = float(leaf), leaf + 1
-    for i in range(n - 1, -1, -1):               # children come after parents, so this visits children first
-        if ch[i]: x[i] = (x[ch[i][0]] + x[ch[i][-1]]) / 2
-    y = (-tree.depths).tolist()
+    n = tree.n
+    depth, x = tree_layout(tree)                 # leaves left to right in DFS order
+    leaf = sum(1 for c in tree.children if not c)
+    y = [-d for d in depth]
     if ax is None: _, ax = plt.subplots(figsize=(min(2 + 0.45 * leaf, 14), 1 + 0.8 * (tree.depth + 1)))
     hl = set(highlight) | ({0} if highlight else set())
     for i in range(1, n):
