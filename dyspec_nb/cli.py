@@ -174,6 +174,8 @@ def main(argv=None):
         if name == 'chat': gp.add_argument('--baseline', dest='baseline', action='store_true', help='measure the speedup of every answer')
     try: from dyspec_nb.docs import docs_parser, docs_run        # needs nbdev and the docs tools of the dev extra
     except ImportError as e: docs_parser, docs_run, docs_missing = None, None, e
+    from dyspec_nb.bench import bench_parser, bench_run
+    bench_parser(sub.add_parser('bench', help='accepted tokens/step and speedup of every method on real prompts (JSON, Markdown, plots)'))
     d = sub.add_parser('docs', help='build the documentation site into _docs/ and check it in headless Chromium')
     if docs_parser is not None: docs_parser(d)
     r = sub.add_parser('readme', help='regenerate README.md from nbs/index.ipynb')
@@ -206,6 +208,9 @@ def main(argv=None):
             try: generate_text(dec, tok, args.prompt, **opts)
             except ValueError as e: parser.error(str(e))
         else: chat(dec, tok, **opts)
+    elif args.command == 'bench':
+        try: bench_run(args, argv[1:])
+        except ValueError as e: parser.error(str(e))
     elif args.command == 'docs':
         if docs_run is None: parser.error(f"dyspec docs needs the dev extra (pip install -e '.[dev]'): {docs_missing}")
         return docs_run(args)

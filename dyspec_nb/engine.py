@@ -61,7 +61,7 @@ class _DraftSession:
         self.root_pos = len(seq) - 1                         # position of the root (the last emitted token)
         self.pending = seq[_cache_len(cache):-1]             # tokens the draft has not seen, before the root
         self.slot, self.rows = {}, {}                         # tree node -> cache slot, and -> its row [V]
-        self.seconds, self.calls = 0.0, 0
+        self.seconds, self.calls, self.computed = 0.0, 0, 0   # time in the draft, calls, rows computed
 
     def __call__(self, tree, nodes):
         t0 = time.perf_counter()
@@ -93,6 +93,7 @@ class _DraftSession:
                               keep=torch.arange(c, q))        # rows of the new tree nodes only
             for u, row in zip(new, sampling_probs(logits, **self.sampling)): self.rows[u] = row
             self.pending, self.slot = [], slot
+            self.computed += len(new)
         self.seconds += time.perf_counter() - t0; self.calls += 1
         return torch.stack([self.rows[u] for u in nodes.tolist()])   # [k, V]
 
@@ -106,12 +107,15 @@ class StepRecord:
     emitted: int
     draft: float = 0.0          # draft model forwards
     build: float = 0.0          # tree construction outside the draft forwards
+    mask: float = 0.0           # the target's tree attention mask, positions and (with the kernel) DFS reordering
     target: float = 0.0         # target forward over the tree
     verify: float = 0.0         # sampling settings and verification
     bookkeeping: float = 0.0    # cache compaction and the rest
+    draft_calls: int = 0        # draft forwards this step
+    draft_rows: int = 0         # tree nodes the draft computed a row for (with prefetch, more than the builder asked for)
     trace: object = None        # a StepTrace when generate(..., trace=True)
 
-PHASES = ('draft', 'build', 'target', 'verify', 'bookkeeping')
+PHASES = ('draft', 'build', 'mask', 'target', 'verify', 'bookkeeping')
 
 @dataclass
 class StepTrace:
@@ -238,6 +242,8 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
                  tcache, keep=torch.tensor([n - 1]))
         stats.prefill = time.perf_counter() - t0
     new, draft_sampling = [], dict(temperature=draft_temperature, top_p=top_p, top_k=top_k)
+    build, options = BUILDERS.get(self.method), dict(self.options)
+    if getattr(build, 'stateful', False): options.setdefault('state', {})   # e.g. an adaptive threshold: fresh each call
     while len(new) < max_new_tokens:
         t_step = time.perf_counter()
         L = len(seq)
@@ -245,15 +251,17 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
         if budget < 1: session, tree, q = None, TokenTree([seq[-1]], [-1]), torch.zeros(1, V)
         else:
             session = _DraftSession(self.draft, dcache, seq, draft_sampling, self.prefetch)
-            tree, q = BUILDERS[self.method](seq[-1], session, budget, g, **self.options)
+            tree, q = build(seq[-1], session, budget, g, **options)
+        t_built = time.perf_counter()
         order = None
         if self.kernel and tree.n > 1:                                     # DFS order: fewer non-empty mask blocks
             order = tree.dfs_order()
             tree, q = tree.permute(order), q[order]
-        t_built = time.perf_counter()
         n = tree.n
         allowed = torch.cat([torch.ones(n, L - 1, dtype=torch.bool), tree.attention_mask()], 1)
-        logits = _forward(self.target, tree.tokens, tree.position_ids(L - 1), _additive_mask(allowed, self.target.dtype), tcache)
+        mask, positions = _additive_mask(allowed, self.target.dtype), tree.position_ids(L - 1)
+        t_mask = time.perf_counter()
+        logits = _forward(self.target, tree.tokens, positions, mask, tcache)
         t_target = time.perf_counter()
         p = sampling_probs(logits, temperature, top_p, top_k)
         nodes, out = verify_path(tree, q, p, g)
@@ -275,7 +283,9 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
         t_end = time.perf_counter()
         d = session.seconds if session is not None else 0.0
         stats.records.append(StepRecord(tree_size=n - 1, depth=tree.depth, accepted=len(nodes), emitted=len(out),
-                                        draft=d, build=t_built - t_step - d, target=t_target - t_built,
+                                        draft=d, build=t_built - t_step - d, mask=t_mask - t_built, target=t_target - t_mask,
+                                        draft_calls=session.calls if session is not None else 0,
+                                        draft_rows=session.computed if session is not None else 0,
                                         verify=t_verify - t_target, bookkeeping=t_end - t_verify,
                                         trace=_trace(tree, q, p, nodes, out) if trace else None))
         if streamer is not None: streamer(out)
