@@ -7,7 +7,7 @@ __all__ = ['DATASETS', 'QUICK', 'FULL', 'Method', 'parse_method', 'measure_costs
            'sequoia_depth', 'load_prompts', 'bench', 'bench_markdown', 'plot_bench', 'write_bench', 'bench_parser',
            'bench_run']
 
-# %% ../nbs/14_bench.ipynb #ade4d1ef
+# %% ../nbs/14_bench.ipynb #a24a1e95
 import json, math, platform, time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +17,7 @@ from .builders import BUILDERS, sequoia_dp, estimate_acceptance
 from .engine import SpecDecoder, GenerationStats, PHASES, _forward, _additive_mask
 from .verify import sampling_probs
 
-# %% ../nbs/14_bench.ipynb #b252069d
+# %% ../nbs/14_bench.ipynb #cd5049e8
 @dataclass(frozen=True)
 class Method:
     "A benchmarked method: its label, the builder (or 'autoregressive') and the builder's fixed options."
@@ -41,7 +41,7 @@ def parse_method(spec):
     if k < 1 or d < 1: raise ValueError(f"specinfer's shape must be KxD with positive integers, got {spec!r}")
     return Method(spec, name, (('k', k), ('depth', d)))
 
-# %% ../nbs/14_bench.ipynb #91709cb9
+# %% ../nbs/14_bench.ipynb #95903567
 def _timed_forward(model, n, prefix, reps, g):
     "Median seconds of one cached forward of `n` tokens (a chain: causal mask) after `prefix` cached tokens."
     from transformers import DynamicCache
@@ -75,7 +75,7 @@ def cost_ratio(costs, n):
     if n <= xs[-1]: return float(np.interp(n, xs, ys))
     return float(ys[-1] + (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) * (n - xs[-1]))
 
-# %% ../nbs/14_bench.ipynb #97298d13
+# %% ../nbs/14_bench.ipynb #f809711c
 def calibrate_acceptance(target, draft, prompts, temperature=0.0, draft_temperature=0.6, new_tokens=32, k=16, seed=0, draws=2):
     "Sequoia's acceptance vector (length `k`) for this pair and temperature, from target continuations of `prompts`."
     qs, ps = [], []
@@ -105,10 +105,10 @@ def _depths(parents):
     for i, p in enumerate(parents[1:], 1): depth[i] = depth[p] + 1
     return depth
 
-# %% ../nbs/14_bench.ipynb #e827f62e
+# %% ../nbs/14_bench.ipynb #1e0b9510
 DATASETS = ('mtbench', 'sharegpt')
 
-def load_prompts(tokenizer, dataset, n, max_tokens=384):
+def load_prompts(tokenizer, dataset, n, max_tokens=256):
     "`n` chat-formatted prompts (LongTensor[1, L] each) of 'mtbench' (first turns) or 'sharegpt' (held-out records)."
     from dyspec_nb.data import mtbench_prompts, sharegpt_prompts
     if dataset == 'mtbench': return mtbench_prompts(tokenizer, n)
@@ -196,7 +196,7 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
     record['seconds'] = time.perf_counter() - t_start
     return record
 
-# %% ../nbs/14_bench.ipynb #1d430494
+# %% ../nbs/14_bench.ipynb #7582458a
 def bench_markdown(record, datasets=None, temperatures=None):
     "Markdown tables of a `bench` record: per dataset and temperature, a row per method, accepted/step and speedup per budget."
     parts = []
@@ -250,11 +250,12 @@ def write_bench(record, out):
     plot_bench(record, out.with_name(out.stem + '_speedup.png'), key='speedup')
     return out
 
-# %% ../nbs/14_bench.ipynb #34689c20
+# %% ../nbs/14_bench.ipynb #26634482
 QUICK = dict(methods=['dyspec', 'dyspec_threshold', 'sequoia', 'specinfer', 'chain'], budgets=[16], temperatures=[0.0, 0.6],
              datasets=['mtbench'], prompts=1, max_new_tokens=24, calibration_prompts=1, calibration_tokens=16)
-FULL = dict(methods=['dyspec', 'dyspec_threshold', 'sequoia', 'specinfer', 'specinfer:5x8', 'specinfer:8x8', 'opt_tree', 'c2t', 'chain'],
-            budgets=[16, 64], temperatures=[0.0, 0.6], datasets=['mtbench', 'sharegpt'], prompts=4, max_new_tokens=48,
+FULL = dict(methods=['dyspec', 'dyspec_threshold', 'dyspec_adaptive', 'sequoia', 'specinfer', 'specinfer:5x8', 'specinfer:8x8',
+                     'opt_tree', 'c2t', 'chain'],
+            budgets=[16, 64], temperatures=[0.0, 0.6], datasets=['mtbench', 'sharegpt'], prompts=3, max_new_tokens=32,
             calibration_prompts=8, calibration_tokens=48)
 
 def bench_parser(p):
@@ -265,8 +266,8 @@ def bench_parser(p):
     p.add_argument('--budgets', type=_positive(int), nargs='+', default=None, help='tree budgets (default 16 64)')
     p.add_argument('--temperatures', type=_non_negative, nargs='+', default=None, help='target temperatures (default 0 0.6)')
     p.add_argument('--datasets', nargs='+', choices=DATASETS, default=None, help='prompt sets (default mtbench sharegpt)')
-    p.add_argument('--prompts', type=_positive(int), default=None, help='prompts per dataset (default 4)')
-    p.add_argument('--max-new-tokens', type=_positive(int), default=None, help='tokens per prompt (default 48)')
+    p.add_argument('--prompts', type=_positive(int), default=None, help='prompts per dataset (default 3)')
+    p.add_argument('--max-new-tokens', type=_positive(int), default=None, help='tokens per prompt (default 32)')
     p.add_argument('--draft-temperature', type=_non_negative, default=0.6, help='temperature of the draft rows (paper: 0.6)')
     p.add_argument('--calibration-prompts', type=int, default=None, help="ShareGPT training prompts for Sequoia's acceptance vector (0: its default vector)")
     p.add_argument('--seed', type=int, default=0)
