@@ -7,7 +7,7 @@ __all__ = ['DATASETS', 'QUICK', 'FULL', 'Method', 'parse_method', 'measure_costs
            'sequoia_depth', 'load_prompts', 'bench', 'bench_markdown', 'plot_bench', 'write_bench', 'bench_parser',
            'bench_run']
 
-# %% ../nbs/14_bench.ipynb #a24a1e95
+# %% ../nbs/14_bench.ipynb #09558b37
 import json, math, platform, time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,7 +17,7 @@ from .builders import BUILDERS, sequoia_dp, estimate_acceptance
 from .engine import SpecDecoder, GenerationStats, PHASES, _forward, _additive_mask
 from .verify import sampling_probs
 
-# %% ../nbs/14_bench.ipynb #cd5049e8
+# %% ../nbs/14_bench.ipynb #e8a79e66
 @dataclass(frozen=True)
 class Method:
     "A benchmarked method: its label, the builder (or 'autoregressive') and the builder's fixed options."
@@ -41,7 +41,7 @@ def parse_method(spec):
     if k < 1 or d < 1: raise ValueError(f"specinfer's shape must be KxD with positive integers, got {spec!r}")
     return Method(spec, name, (('k', k), ('depth', d)))
 
-# %% ../nbs/14_bench.ipynb #95903567
+# %% ../nbs/14_bench.ipynb #61bc4a15
 def _timed_forward(model, n, prefix, reps, g):
     "Median seconds of one cached forward of `n` tokens (a chain: causal mask) after `prefix` cached tokens."
     from transformers import DynamicCache
@@ -75,7 +75,7 @@ def cost_ratio(costs, n):
     if n <= xs[-1]: return float(np.interp(n, xs, ys))
     return float(ys[-1] + (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) * (n - xs[-1]))
 
-# %% ../nbs/14_bench.ipynb #f809711c
+# %% ../nbs/14_bench.ipynb #de8b9fef
 def calibrate_acceptance(target, draft, prompts, temperature=0.0, draft_temperature=0.6, new_tokens=32, k=16, seed=0, draws=2):
     "Sequoia's acceptance vector (length `k`) for this pair and temperature, from target continuations of `prompts`."
     qs, ps = [], []
@@ -105,7 +105,7 @@ def _depths(parents):
     for i, p in enumerate(parents[1:], 1): depth[i] = depth[p] + 1
     return depth
 
-# %% ../nbs/14_bench.ipynb #1e0b9510
+# %% ../nbs/14_bench.ipynb #36289bba
 DATASETS = ('mtbench', 'sharegpt')
 
 def load_prompts(tokenizer, dataset, n, max_tokens=256):
@@ -196,7 +196,7 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
     record['seconds'] = time.perf_counter() - t_start
     return record
 
-# %% ../nbs/14_bench.ipynb #7582458a
+# %% ../nbs/14_bench.ipynb #5206c896
 def bench_markdown(record, datasets=None, temperatures=None):
     "Markdown tables of a `bench` record: per dataset and temperature, a row per method, accepted/step and speedup per budget."
     parts = []
@@ -250,7 +250,7 @@ def write_bench(record, out):
     plot_bench(record, out.with_name(out.stem + '_speedup.png'), key='speedup')
     return out
 
-# %% ../nbs/14_bench.ipynb #26634482
+# %% ../nbs/14_bench.ipynb #5c09074b
 QUICK = dict(methods=['dyspec', 'dyspec_threshold', 'sequoia', 'specinfer', 'chain'], budgets=[16], temperatures=[0.0, 0.6],
              datasets=['mtbench'], prompts=1, max_new_tokens=24, calibration_prompts=1, calibration_tokens=16)
 FULL = dict(methods=['dyspec', 'dyspec_threshold', 'dyspec_adaptive', 'sequoia', 'specinfer', 'specinfer:5x8', 'specinfer:8x8',
