@@ -205,6 +205,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'dyspec_nb.engine._vocab_size': ('engine.html#_vocab_size', 'dyspec_nb/engine.py'),
                                   'dyspec_nb.engine.compare_methods': ('engine.html#compare_methods', 'dyspec_nb/engine.py'),
                                   'dyspec_nb.engine.methods_markdown': ('engine.html#methods_markdown', 'dyspec_nb/engine.py')},
+            'dyspec_nb.hardware': { 'dyspec_nb.hardware.best_budgets': ('hardware.html#best_budgets', 'dyspec_nb/hardware.py'),
+                                    'dyspec_nb.hardware.predict_speedups': ('hardware.html#predict_speedups', 'dyspec_nb/hardware.py')},
             'dyspec_nb.hypothesis': { 'dyspec_nb.hypothesis.column_histogram': ( 'hypothesis.html#column_histogram',
                                                                                  'dyspec_nb/hypothesis.py'),
                                       'dyspec_nb.hypothesis.draft_target_samples': ( 'hypothesis.html#draft_target_samples',
