@@ -16,6 +16,7 @@ from .theory import MarkovLM
 def speculative_generate(builder, draft_lm, target_lm, prefix, length, budget, generator=None, **options):
     "`(tokens, emitted_per_step)`: `length` tokens after `prefix`, decoded with `builder` and `verify`."
     seq, per_step = list(prefix), []
+    if getattr(builder, 'stateful', False): options = dict(options, state=options.get('state', {}))   # as the engine: one state per call
     while len(seq) - len(prefix) < length:
         tree, q = builder(seq[-1], draft_lm.draft(seq), budget, generator, **options)
         p = target_lm.rows(tree, torch.arange(tree.n), seq)
