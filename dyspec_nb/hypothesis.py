@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['draft_target_samples', 'column_histogram', 'plot_hypothesis']
 
-# %% ../nbs/15_hypothesis.ipynb #d4b7eb35
+# %% ../nbs/15_hypothesis.ipynb #0fb5943d
 import json, time
 from pathlib import Path
 import numpy as np
@@ -13,7 +13,7 @@ import torch
 from .engine import SpecDecoder
 from .verify import sampling_probs
 
-# %% ../nbs/15_hypothesis.ipynb #2a58eb3f
+# %% ../nbs/15_hypothesis.ipynb #4d27fc1f
 def draft_target_samples(target, draft, prompts, new_tokens=48, temperature=0.6, draft_temperature=0.6, draws=4, seed=0, progress=True):
     "`dict(q, p, a)` (FloatTensor[m] each) for `draws` draft samples at every position of the target's continuations of `prompts`."
     from tqdm.auto import tqdm
@@ -54,7 +54,7 @@ def plot_hypothesis(s, bins=20, path=None):
                  for i, c in enumerate(counts)]
         ax.plot(xm, means, 'w.-', lw=1, label='column mean')
         r = np.corrcoef(np.asarray(s['q']), np.asarray(s[key]))[0, 1]
-        ax.set(xlabel='draft probability q(y)', ylabel=name, title=f'{name} vs draft probability (r = {r:.2f})')
+        ax.set(xlabel='draft probability q(y)', ylabel=name, title=f'{name}\n(Pearson r = {r:.2f})')
         ax.legend(loc='upper left', fontsize=8)
     fig.colorbar(im, ax=axes, shrink=0.8, label='fraction of the column')
     if path is not None: fig.savefig(path, dpi=110, bbox_inches='tight'); plt.close(fig)
