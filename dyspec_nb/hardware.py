@@ -5,12 +5,12 @@
 # %% auto #0
 __all__ = ['predict_speedups', 'best_budgets']
 
-# %% ../nbs/19_hardware.ipynb #fb68d64d
+# %% ../nbs/19_hardware.ipynb #de0c0db2
 import json
 from pathlib import Path
 import numpy as np
 
-# %% ../nbs/19_hardware.ipynb #e77d18b4
+# %% ../nbs/19_hardware.ipynb #fbd37c11
 def predict_speedups(scaling_record, main_record, dataset='mtbench'):
     "`{T: {builder: {budget: predicted speedup}}}` from a scaling record and a main-table (bench) record, see above."
     out = {}
