@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from .builders import BUILDERS, sequoia_dp, estimate_acceptance
-from .engine import SpecDecoder, GenerationStats, PHASES, _forward, _additive_mask
+from .engine import SpecDecoder, GenerationStats, PHASES, _forward, _prefill, _additive_mask
 from .verify import sampling_probs
 
 # %% ../nbs/14_bench.ipynb #e8a79e66
@@ -48,7 +48,7 @@ def _timed_forward(model, n, prefix, reps, g):
     V = model.config.vocab_size
     cache = DynamicCache()
     ids = torch.randint(V, (prefix,), generator=g)
-    _forward(model, ids, torch.arange(prefix), _additive_mask(torch.ones(prefix, prefix, dtype=torch.bool).tril(), model.dtype), cache)
+    _prefill(model, ids, cache)
     new = torch.randint(V, (n,), generator=g)
     allowed = torch.cat([torch.ones(n, prefix, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()], 1)   # [n, prefix + n]
     mask = _additive_mask(allowed, model.dtype)

@@ -6,7 +6,7 @@
 __all__ = ['MAX_BUDGET', 'DEFAULT_ACCEPTANCE', 'BUILDERS', 'check_distributions', 'dyspec', 'dyspec_threshold', 'dyspec_adaptive',
            'sequoia_dp', 'positional_value', 'sequoia_bruteforce', 'estimate_acceptance', 'sequoia', 'specinfer',
            'chain', 'opt_tree', 'C2TClassifier', 'default_c2t_classifier', 'row_entropy', 'c2t', 'c2t_features',
-           'c2t_examples', 'train_c2t']
+           'c2t_examples', 'train_c2t', 'run_options']
 
 # %% ../nbs/02_builders.ipynb #9e7a35ec
 import heapq, itertools, json, math, mmap, operator
@@ -495,3 +495,9 @@ def train_c2t(features, labels, hidden=12, epochs=30, lr=1e-2, batch_size=1024, 
 # %% ../nbs/02_builders.ipynb #4d88474c
 BUILDERS = dict(dyspec=dyspec, dyspec_threshold=dyspec_threshold, dyspec_adaptive=dyspec_adaptive, sequoia=sequoia, specinfer=specinfer,
                 chain=chain, opt_tree=opt_tree, c2t=c2t)
+
+def run_options(build, options=None, state=None):
+    "A copy of `options` for one decoding run of `build`; a stateful builder also gets `state` (by default the one in `options`, else a fresh dict)."
+    out = dict(options or {})
+    if getattr(build, 'stateful', False): out['state'] = state if state is not None else out.get('state', {})
+    return out

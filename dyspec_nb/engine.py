@@ -11,7 +11,7 @@ import inspect, time, weakref
 from dataclasses import dataclass, field
 import torch
 from .tree import TokenTree
-from .builders import BUILDERS, MAX_BUDGET
+from .builders import BUILDERS, MAX_BUDGET, run_options
 from .verify import sampling_probs, verify_path
 
 # %% ../nbs/08_engine.ipynb #f3e21be5
@@ -52,6 +52,11 @@ def _keep_positions(cache, idx):
         layer.keys, layer.values = layer.keys.index_select(-2, i), layer.values.index_select(-2, i)
 
 def _cache_len(cache): return cache.get_seq_length()
+
+def _prefill(model, ids, cache, keep=None):
+    "`_forward` of `ids` (LongTensor[n]) as a causal chain at positions 0..n-1, into an empty `cache`."
+    n = len(ids)
+    return _forward(model, ids, torch.arange(n), _additive_mask(torch.ones(n, n, dtype=torch.bool).tril(), model.dtype), cache, keep=keep)
 
 # %% ../nbs/08_engine.ipynb #4d671806
 class _DraftSession:
@@ -237,13 +242,11 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
     tcache, dcache = DynamicCache(), DynamicCache()
     if len(seq) > 1:                                                          # target: everything but the root
         t0 = time.perf_counter()
-        n = len(seq) - 1
-        _forward(self.target, torch.tensor(seq[:-1]), torch.arange(n), _additive_mask(torch.ones(n, n, dtype=torch.bool).tril(), self.target.dtype),
-                 tcache, keep=torch.tensor([n - 1]))
+        _prefill(self.target, torch.tensor(seq[:-1]), tcache, keep=torch.tensor([len(seq) - 2]))
         stats.prefill = time.perf_counter() - t0
     new, draft_sampling = [], dict(temperature=draft_temperature, top_p=top_p, top_k=top_k)
-    build, options = BUILDERS.get(self.method), dict(self.options)
-    if getattr(build, 'stateful', False): options.setdefault('state', {})   # e.g. an adaptive threshold: fresh each call
+    build = BUILDERS.get(self.method)
+    options = run_options(build, self.options)                                # e.g. an adaptive threshold: fresh each call
     while len(new) < max_new_tokens:
         t_step = time.perf_counter()
         L = len(seq)

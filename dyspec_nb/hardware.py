@@ -6,8 +6,6 @@
 __all__ = ['predict_speedups', 'best_budgets']
 
 # %% ../nbs/19_hardware.ipynb #de0c0db2
-import json
-from pathlib import Path
 import numpy as np
 
 # %% ../nbs/19_hardware.ipynb #fbd37c11

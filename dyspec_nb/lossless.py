@@ -8,7 +8,7 @@ __all__ = ['ALPHA', 'speculative_generate', 'chi2_test', 'lossless_test', 'bench
 # %% ../nbs/04_lossless.ipynb #51ef1dd0
 import math, time
 import torch
-from .builders import BUILDERS, estimate_acceptance
+from .builders import BUILDERS, estimate_acceptance, run_options
 from .verify import verify
 from .theory import MarkovLM
 
@@ -16,7 +16,7 @@ from .theory import MarkovLM
 def speculative_generate(builder, draft_lm, target_lm, prefix, length, budget, generator=None, **options):
     "`(tokens, emitted_per_step)`: `length` tokens after `prefix`, decoded with `builder` and `verify`."
     seq, per_step = list(prefix), []
-    if getattr(builder, 'stateful', False): options = dict(options, state=options.get('state', {}))   # as the engine: one state per call
+    options = run_options(builder, options)                         # as the engine: one state per call for stateful builders
     while len(seq) - len(prefix) < length:
         tree, q = builder(seq[-1], draft_lm.draft(seq), budget, generator, **options)
         p = target_lm.rows(tree, torch.arange(tree.n), seq)

@@ -109,13 +109,13 @@ def bench_builders(vocab_sizes=(32000, 49152), budgets=(16, 64, 256), builders=(
 def target_step_seconds(target, budgets=(16, 64, 256), prefix=128, reps=7, seed=0):
     "Median seconds of one target forward over a random tree of `budget + 1` nodes after `prefix` cached tokens, per budget."
     from transformers import DynamicCache
-    from dyspec_nb.engine import _forward, _additive_mask
+    from dyspec_nb.engine import _forward, _prefill, _additive_mask
     from dyspec_nb.tree import random_tree
     g = torch.Generator().manual_seed(seed)
     V = target.config.vocab_size
     cache = DynamicCache()
     ids = torch.randint(V, (prefix,), generator=g)
-    _forward(target, ids, torch.arange(prefix), _additive_mask(torch.ones(prefix, prefix, dtype=torch.bool).tril(), target.dtype), cache)
+    _prefill(target, ids, cache)
     out = {}
     for budget in budgets:
         tree = random_tree(budget + 1, generator=g, vocab_size=V)

@@ -10,8 +10,8 @@ import json, time
 from pathlib import Path
 import numpy as np
 import torch
-from .builders import BUILDERS
-from .engine import SpecDecoder, _DraftSession, _forward, _additive_mask, _cache_len
+from .builders import BUILDERS, run_options
+from .engine import SpecDecoder, _DraftSession, _forward, _prefill, _additive_mask, _cache_len
 from .verify import sampling_probs, verify_path
 
 # %% ../nbs/17_scaling.ipynb #d9cf9865
@@ -64,14 +64,11 @@ def scaling(target, draft, prompts, builders=('dyspec', 'dyspec_threshold', 'dys
             ends = np.linspace(P, len(seq), positions, endpoint=False).round().astype(int)[::-1]   # context lengths, descending
             tcache, dcache = DynamicCache(), DynamicCache()
             n0 = int(ends[0]) - 1
-            full = torch.ones(n0, n0, dtype=torch.bool).tril()
-            for m, c in ((target, tcache), (draft, dcache)):
-                _forward(m, torch.tensor(seq[:n0]), torch.arange(n0), _additive_mask(full, m.dtype), c, keep=torch.tensor([n0 - 1]))
+            for m, c in ((target, tcache), (draft, dcache)): _prefill(m, torch.tensor(seq[:n0]), c, keep=torch.tensor([n0 - 1]))
             for k, L in enumerate(ends):
                 for bi, b in enumerate(builders):
-                    opts = dict(builder_options.get(b, {}))
                     for ni, n in enumerate(budgets):
-                        if getattr(BUILDERS[b], 'stateful', False): opts['state'] = states[(b, n)]
+                        opts = run_options(BUILDERS[b], builder_options.get(b), state=states[(b, n)])
                         g = torch.Generator().manual_seed(hash((seed, i, k, bi, ni)) % (1 << 62))
                         bar.set_postfix_str(f'T={T:g} {b} {n}')
                         out[Tk][b][str(n)].append(tree_step(target, draft, seq[:int(L)], BUILDERS[b], n, g, tcache, dcache,
