@@ -146,7 +146,7 @@ def teacher_batch(target, prompts, new_tokens, k, temperatures, generator, eos_i
         out.append(TeacherSeq(seq, p.shape[1], RI[b, start:start + L - 1].int().clone(), RV[b, start:start + L - 1].half().clone()))
     return out
 
-def teacher_data(target, prompts, new_tokens=128, k=32, batch_size=64, sampled_every=3, temperature=0.6, seed=0, progress=True):
+def teacher_data(target, prompts, new_tokens=128, k=32, batch_size=64, sampled_every=2, temperature=0.6, seed=0, progress=True):
     "TeacherSeq for each prompt: the target's continuation (sampled at `temperature` for every `sampled_every`-th prompt, greedy for the others; 0: all greedy) and its top-k."
     order = sorted(range(len(prompts)), key=lambda i: (prompts[i].shape[1], i))
     out = [None] * len(prompts)
@@ -282,9 +282,8 @@ def stored_metrics(draft, data, batch_tokens=8192):
     for idx in make_batches(data, batch_tokens):
         ids, tid, tp, w = collate(data, idx, emb.token_map, K, 0.0)
         r = draft.reduced_logits(draft.model(input_ids=ids, use_cache=False).last_hidden_state[:, :-1])   # [b, L-1, K]
-        top1 = emb.vocab_ids[r.argmax(-1)]                                                   # [b, L-1]: full ids
-        t1 = torch.stack([F.pad(data[i].top_ids[:, 0].long(), (0, ids.shape[1] - len(data[i].ids))) for i in idx])
-        agree += float(((top1 == t1) * w).sum()); kl += float((distill_loss(r, tid, tp) * w).sum()); n += float(w.sum())
+        hit = r.argmax(-1) == tid[..., 0]                                                    # [b, L-1]; tid is -1 outside the vocabulary
+        agree += float((hit * w).sum()); kl += float((distill_loss(r, tid, tp) * w).sum()); n += float(w.sum())
     draft.train(was_training)
     return dict(agreement=agree / n, kl=kl / n)
 
