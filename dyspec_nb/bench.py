@@ -4,8 +4,7 @@
 
 # %% auto #0
 __all__ = ['DATASETS', 'QUICK', 'FULL', 'Method', 'parse_method', 'measure_costs', 'cost_ratio', 'calibrate_acceptance',
-           'sequoia_depth', 'load_prompts', 'bench', 'bench_markdown', 'plot_bench', 'write_bench', 'bench_parser',
-           'bench_run']
+           'sequoia_depth', 'load_prompts', 'bench', 'bench_markdown', 'plot_bench', 'write_bench', 'bench_builders']
 
 # %% ../nbs/14_bench.ipynb #09558b37
 import json, math, platform, time
@@ -13,9 +12,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
 import torch
-from .builders import BUILDERS, sequoia_dp, estimate_acceptance
-from .engine import SpecDecoder, GenerationStats, PHASES, _forward, _prefill, _additive_mask
+from tqdm.auto import tqdm
+from .builders import BUILDERS, DEFAULT_ACCEPTANCE, sequoia_dp
+from .native import bank_draft
+from .calibration import estimate_acceptance
+from .engine import SpecDecoder, GenerationStats, PHASES, teacher_forced_rows
+from .kv import forward_seconds
 from .verify import sampling_probs
+from .data import mtbench_prompts, sharegpt_prompts
 
 # %% ../nbs/14_bench.ipynb #e8a79e66
 @dataclass(frozen=True)
@@ -42,30 +46,11 @@ def parse_method(spec):
     return Method(spec, name, (('k', k), ('depth', d)))
 
 # %% ../nbs/14_bench.ipynb #61bc4a15
-def _timed_forward(model, n, prefix, reps, g):
-    "Median seconds of one cached forward of `n` tokens (a chain: causal mask) after `prefix` cached tokens."
-    from transformers import DynamicCache
-    V = model.config.vocab_size
-    cache = DynamicCache()
-    ids = torch.randint(V, (prefix,), generator=g)
-    _prefill(model, ids, cache)
-    new = torch.randint(V, (n,), generator=g)
-    allowed = torch.cat([torch.ones(n, prefix, dtype=torch.bool), torch.ones(n, n, dtype=torch.bool).tril()], 1)   # [n, prefix + n]
-    mask = _additive_mask(allowed, model.dtype)
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        _forward(model, new, torch.arange(prefix, prefix + n), mask, cache)
-        ts.append(time.perf_counter() - t0)
-        cache.crop(-n)
-    return float(np.median(ts))
-
 def measure_costs(target, draft=None, sizes=(1, 2, 4, 8, 16, 32, 64, 128), prefix=128, reps=5, seed=0):
     "`{'target': {n: seconds}, 'draft': seconds of one draft token, 'ratio': {n: t(n)/t(1)}, 'draft_ratio': c}`."
-    g = torch.Generator().manual_seed(seed)
     sizes = sorted(set(sizes) | {1})
-    t = {n: _timed_forward(target, n, prefix, reps, g) for n in sizes}
-    d = _timed_forward(draft, 1, prefix, reps, g) if draft is not None else None
+    s = forward_seconds(dict(target=target, **({} if draft is None else dict(draft=draft))), sizes, prefix, reps, seed=seed)
+    t, d = s['target'], s['draft'][1] if draft is not None else None
     return dict(target=t, draft=d, ratio={n: t[n] / t[1] for n in sizes}, draft_ratio=None if d is None else d / t[1],
                 prefix=prefix, reps=reps)
 
@@ -78,15 +63,8 @@ def cost_ratio(costs, n):
 # %% ../nbs/14_bench.ipynb #de8b9fef
 def calibrate_acceptance(target, draft, prompts, temperature=0.0, draft_temperature=0.6, new_tokens=32, k=16, seed=0, draws=2):
     "Sequoia's acceptance vector (length `k`) for this pair and temperature, from target continuations of `prompts`."
-    qs, ps = [], []
-    ar = SpecDecoder(target, None, 'autoregressive')
-    for i, pr in enumerate(prompts):
-        pr = torch.as_tensor(pr).reshape(1, -1)
-        cont = ar.generate(pr, max_new_tokens=new_tokens, temperature=temperature, seed=seed + i).tokens
-        ids = torch.cat([pr[0], cont])[None]                         # [1, L + new]
-        with torch.no_grad():
-            lt, ld = target(ids).logits[0, pr.shape[1] - 1:-1].float(), draft(ids).logits[0, pr.shape[1] - 1:-1].float()   # [new, V]
-        ps.append(sampling_probs(lt, temperature)); qs.append(sampling_probs(ld, draft_temperature))
+    rows = [teacher_forced_rows(target, draft, pr, new_tokens, temperature, draft_temperature, seed + i) for i, pr in enumerate(prompts)]
+    ps, qs = zip(*rows)                                              # [new, V] per prompt
     return estimate_acceptance(torch.cat(qs), torch.cat(ps), k=k, generator=torch.Generator().manual_seed(seed), draws=draws)
 
 def sequoia_depth(acceptance, budget, costs, max_depth=None):
@@ -110,7 +88,6 @@ DATASETS = ('mtbench', 'sharegpt')
 
 def load_prompts(tokenizer, dataset, n, max_tokens=256):
     "`n` chat-formatted prompts (LongTensor[1, L] each) of 'mtbench' (first turns) or 'sharegpt' (held-out records)."
-    from dyspec_nb.data import mtbench_prompts, sharegpt_prompts
     if dataset == 'mtbench': return mtbench_prompts(tokenizer, n)
     if dataset == 'sharegpt': return sharegpt_prompts(tokenizer, 'eval', n, max_tokens=max_tokens, seed=0)
     raise ValueError(f"unknown dataset {dataset!r}: choose from {DATASETS}")
@@ -131,7 +108,6 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
           calibration=None,                         # prompts for Sequoia's acceptance vector (None: Sequoia's default vector)
           calibration_tokens=32, costs=None, sequoia_max_depth=None, progress=True, command=None):
     "Run the grid; a JSON-able record (settings, costs, calibration, and `results[dataset][T][budget][method]`)."
-    from tqdm.auto import tqdm
     ms = [parse_method(m) if isinstance(m, str) else m for m in methods]
     if not ms: raise ValueError("no methods to benchmark")
     if not prompts or any(len(v) == 0 for v in prompts.values()): raise ValueError("every dataset needs at least one prompt")
@@ -158,7 +134,7 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
                 bar.set_postfix_str(f'calibrating Sequoia at T={T:g}')
                 acc = calibrate_acceptance(target, draft, calibration, T, draft_temperature, calibration_tokens, seed=seed)
                 record['calibration'][Tk] = acc
-            else: from dyspec_nb.builders import DEFAULT_ACCEPTANCE as acc
+            else: acc = DEFAULT_ACCEPTANCE
             record['sequoia'][Tk] = {}
             for b in budgets:
                 d, s = sequoia_depth(acc, b, costs, sequoia_max_depth)
@@ -178,7 +154,7 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
                 for key, dec in decs.items():
                     bar.set_postfix_str(f'{ds} T={T:g} ' + (key if isinstance(key, str) else f'{key[1]} b={key[0]}'))
                     out = dec.generate(pr, max_new_tokens=max_new_tokens, seed=seed + i, **gen)
-                    st = stats[key]; st.records += out.stats.records; st.seconds += out.stats.seconds; st.prefill += out.stats.prefill
+                    stats[key] += out.stats
                     toks[key].append(out.tokens.tolist())
                     bar.update()
             ar = _cell(stats['autoregressive'], toks['autoregressive'])
@@ -251,48 +227,45 @@ def write_bench(record, out):
     return out
 
 # %% ../nbs/14_bench.ipynb #5c09074b
-QUICK = dict(methods=['dyspec', 'dyspec_threshold', 'sequoia', 'specinfer', 'chain'], budgets=[16], temperatures=[0.0, 0.6],
-             datasets=['mtbench'], prompts=1, max_new_tokens=24, calibration_prompts=1, calibration_tokens=16)
+QUICK = dict(methods=list(BUILDERS), budgets=[16], temperatures=[0.0, 0.6], datasets=['mtbench'], prompts=1, max_new_tokens=16,
+             calibration_prompts=1, calibration_tokens=16)
 FULL = dict(methods=['dyspec', 'dyspec_threshold', 'dyspec_adaptive', 'sequoia', 'specinfer', 'specinfer:5x8', 'specinfer:8x8',
                      'opt_tree', 'c2t', 'chain'],
             budgets=[16, 64], temperatures=[0.0, 0.6], datasets=['mtbench', 'sharegpt'], prompts=3, max_new_tokens=32,
             calibration_prompts=8, calibration_tokens=48)
 
-def bench_parser(p):
-    "Add `dyspec bench`'s options to the argparse parser `p`."
-    from dyspec_nb.cli import _positive, _non_negative
-    p.add_argument('--quick', action='store_true', help='a smoke-sized grid (about a minute on 2 cores); other options override it')
-    p.add_argument('--methods', nargs='+', default=None, help=f"methods (default: {' '.join(FULL['methods'])}); specinfer:KxD for a shape")
-    p.add_argument('--budgets', type=_positive(int), nargs='+', default=None, help='tree budgets (default 16 64)')
-    p.add_argument('--temperatures', type=_non_negative, nargs='+', default=None, help='target temperatures (default 0 0.6)')
-    p.add_argument('--datasets', nargs='+', choices=DATASETS, default=None, help='prompt sets (default mtbench sharegpt)')
-    p.add_argument('--prompts', type=_positive(int), default=None, help='prompts per dataset (default 3)')
-    p.add_argument('--max-new-tokens', type=_positive(int), default=None, help='tokens per prompt (default 32)')
-    p.add_argument('--draft-temperature', type=_non_negative, default=0.6, help='temperature of the draft rows (paper: 0.6)')
-    p.add_argument('--calibration-prompts', type=int, default=None, help="ShareGPT training prompts for Sequoia's acceptance vector (0: its default vector)")
-    p.add_argument('--seed', type=int, default=0)
-    p.add_argument('--target', default=None, help='target model: a local folder or a cached name (default: the embedded one)')
-    p.add_argument('--draft', default=None, help='draft model (default: the shipped draft)')
-    p.add_argument('--out', type=Path, default=Path('results/bench.json'), help='JSON file; the .md and .png go beside it')
-    p.add_argument('--quiet', action='store_true', help='no progress bar')
-    return p
+# %% ../nbs/14_bench.ipynb #5e1672aa
+def _timed(draft):
+    "`draft` wrapped so that `.seconds` accumulates the time spent inside it."
+    def f(tree, nodes):
+        t0 = time.perf_counter()
+        try: return draft(tree, nodes)
+        finally: f.seconds += time.perf_counter() - t0
+    f.seconds = 0.0
+    return f
 
-def bench_run(args, argv=()):
-    "Run `dyspec bench` from parsed `args`; returns the record."
-    import shlex, sys
-    from dyspec_nb.cli import load_pair
-    from dyspec_nb.data import sharegpt_prompts
-    s = dict(QUICK if args.quick else FULL)
-    for k in ('methods', 'budgets', 'temperatures', 'datasets', 'prompts', 'max_new_tokens', 'calibration_prompts'):
-        if getattr(args, k) is not None: s[k] = getattr(args, k)
-    for m in s['methods']: parse_method(m)                  # fail on a typo before loading anything
-    if max(s['budgets']) > 1024: raise SystemExit('dyspec bench: budgets above 1024 would take hours on a CPU')
-    target, draft, tok = load_pair(args.target, args.draft)
-    prompts = {ds: load_prompts(tok, ds, s['prompts']) for ds in s['datasets']}
-    cal = sharegpt_prompts(tok, 'train', s['calibration_prompts'], max_tokens=256, seed=1) if s['calibration_prompts'] else None
-    rec = bench(target, draft, prompts, s['methods'], s['temperatures'], s['budgets'], s['max_new_tokens'], args.draft_temperature,
-                args.seed, cal, s['calibration_tokens'], progress=not args.quiet, command='dyspec ' + shlex.join(['bench', *argv]))
-    write_bench(rec, args.out)
-    print(bench_markdown(rec))
-    print(f"\nwrote {args.out}, {args.out.with_suffix('.md')} and the plots beside them ({rec['seconds']:.0f} s)", file=sys.stderr)
-    return rec
+def bench_builders(vocab_sizes=(32000, 49152), budgets=(16, 64, 256), builders=('dyspec', 'dyspec_threshold'),
+                   trees=30, seed=0, progress=True):
+    "Median seconds of one build (draft time excluded), Python and C++: `{V: {builder: {budget: {python, cpp, ratio, nodes}}}}`."
+    out = {}
+    bar = tqdm(total=len(vocab_sizes) * len(builders) * len(budgets), desc='V x builder x budget', disable=not progress)
+    for V in vocab_sizes:
+        draft = bank_draft(V, rows=64, seed=seed, scale=(2.5, 6.0))
+        out[V] = {}
+        for name in builders:
+            out[V][name] = {}
+            for budget in budgets:
+                t = {'python': [], 'cpp': []}
+                nodes = []
+                for s in range(trees):
+                    for backend in ('python', 'cpp'):
+                        d = _timed(draft)
+                        t0 = time.perf_counter()
+                        tree, q = BUILDERS[name](5, d, budget, torch.Generator().manual_seed(s), backend=backend)
+                        t[backend].append(time.perf_counter() - t0 - d.seconds)
+                    nodes.append(tree.n - 1)
+                py, cpp = float(np.median(t['python'])), float(np.median(t['cpp']))
+                out[V][name][budget] = dict(python=py, cpp=cpp, ratio=py / cpp, nodes=float(np.mean(nodes)))
+                bar.update()
+    bar.close()
+    return out

@@ -10,24 +10,16 @@ import json, time
 from pathlib import Path
 import numpy as np
 import torch
-from .engine import SpecDecoder
-from .verify import sampling_probs
+from tqdm.auto import tqdm
+from .engine import teacher_forced_rows
 
 # %% ../nbs/15_hypothesis.ipynb #4d27fc1f
 def draft_target_samples(target, draft, prompts, new_tokens=48, temperature=0.6, draft_temperature=0.6, draws=4, seed=0, progress=True):
     "`dict(q, p, a)` (FloatTensor[m] each) for `draws` draft samples at every position of the target's continuations of `prompts`."
-    from tqdm.auto import tqdm
     g = torch.Generator().manual_seed(seed)
-    ar = SpecDecoder(target, None, 'autoregressive')
     qs, ps = [], []
     for i, pr in enumerate(tqdm(prompts, desc='prompt', disable=not progress)):
-        pr = torch.as_tensor(pr).reshape(1, -1)
-        cont = ar.generate(pr, max_new_tokens=new_tokens, temperature=temperature, seed=seed + i).tokens
-        ids = torch.cat([pr[0], cont])[None]                                           # [1, L + new]
-        with torch.no_grad():
-            lt = target(ids).logits[0, pr.shape[1] - 1:-1].float()                   # [new, V]: rows that predict the continuation
-            ld = draft(ids).logits[0, pr.shape[1] - 1:-1].float()
-        p, q = sampling_probs(lt, temperature), sampling_probs(ld, draft_temperature)   # [new, V]
+        p, q = teacher_forced_rows(target, draft, pr, new_tokens, temperature, draft_temperature, seed + i)   # [new, V]
         y = torch.multinomial(q, draws, replacement=True, generator=g)               # [new, draws]
         qs.append(q.gather(1, y).flatten()); ps.append(p.gather(1, y).flatten())
     q, p = torch.cat(qs), torch.cat(ps)

@@ -8,7 +8,8 @@ __all__ = ['ALPHA', 'speculative_generate', 'chi2_test', 'lossless_test', 'bench
 # %% ../nbs/04_lossless.ipynb #51ef1dd0
 import math, time
 import torch
-from .builders import BUILDERS, estimate_acceptance, run_options
+from .builders import BUILDERS, run_options
+from .calibration import estimate_acceptance
 from .verify import verify
 from .theory import MarkovLM
 

@@ -4,13 +4,16 @@
 
 # %% auto #0
 __all__ = ['TARGET_GGUF', 'cache_dir', 'package_file', 'smollm2_gguf', 'load_target', 'chat_ids', 'load_default_pair',
-           'tiny_llama']
+           'load_pair', 'tiny_llama']
 
 # %% ../nbs/05_models.ipynb #d3553f6d
 import importlib.util, os, shutil, tempfile
 from functools import lru_cache
 from pathlib import Path
 import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers.utils import logging as hf_logging
+from .draft import load_draft
 
 # %% ../nbs/05_models.ipynb #a402c06e
 TARGET_GGUF = 'SmolLM2-135M-Instruct.Q4_1.gguf'
@@ -35,7 +38,6 @@ def smollm2_gguf():
 # %% ../nbs/05_models.ipynb #33cdcb6b
 def _plain_copy(model):
     "The same weights in a model that transformers will save (a GGUF-loaded model is marked as not serialisable)."
-    from transformers import AutoConfig, AutoModelForCausalLM
     cfg = model.config.to_dict()
     cfg.pop('quantization_config', None)
     plain = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg), dtype=torch.float32)
@@ -55,8 +57,6 @@ def _save_atomically(model, tokenizer, dest):
 @lru_cache(maxsize=2)
 def load_target(cache=True):
     "`(model, tokenizer)`: SmolLM2-135M-Instruct in fp32, in eval mode (cached on disk after the first dequantisation)."
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
     dest = cache_dir() / 'smollm2-135m-instruct-f32'
     if cache and (dest / 'config.json').exists():
         model = AutoModelForCausalLM.from_pretrained(dest, dtype=torch.float32)
@@ -87,13 +87,24 @@ def load_default_pair():
 
 @lru_cache(maxsize=1)
 def _shipped_draft():
-    from dyspec_nb.draft import load_draft
     return load_draft()
+
+def load_pair(target=None, draft=None):
+    "`(target, draft, tokenizer)`: the embedded pair, or models (fp32) from local folders or names in the local cache."
+    if target is None and draft is None: return load_default_pair()
+    def _load(name):
+        try: return AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, local_files_only=True).eval()
+        except (OSError, ValueError) as e: raise ValueError(f"cannot load model {name!r} (a local folder or a name in the local cache): {e}") from None
+    if target is None: t, tok = load_target()
+    else:
+        t = _load(target)
+        try: tok = AutoTokenizer.from_pretrained(target, local_files_only=True)
+        except OSError as e: raise ValueError(f"no tokenizer with the target {target!r}: {e}") from None
+    return t, (_shipped_draft() if draft is None else _load(draft)), tok
 
 # %% ../nbs/05_models.ipynb #d3a3b03b
 def tiny_llama(vocab_size=16, hidden_size=32, layers=2, heads=4, kv_heads=2, seed=0, max_position_embeddings=512):
     "A randomly initialised `LlamaForCausalLM` in fp32, eval mode; the same seed gives the same weights."
-    from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=layers,
                       num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_position_embeddings,
                       bos_token_id=0, eos_token_id=1, pad_token_id=1, tie_word_embeddings=False)

@@ -11,6 +11,7 @@ __all__ = ['kl', 'binary_kl', 'min_target_prob', 'acceptance_bound', 'random_pai
 import heapq, itertools, math
 import torch
 from .tree import TokenTree, DraftResidual, WITHOUT_REPLACEMENT, WITH_REPLACEMENT, DETERMINISTIC
+from .verify import sampling_probs
 
 # %% ../nbs/00_theory.ipynb #3d0609b6
 def kl(d, t):
@@ -106,7 +107,6 @@ class MarkovLM:
 
     def warped(self, temperature=1.0, top_p=1.0, top_k=0):
         "The source after temperature, top-p and top-k: what a sampler with these settings actually draws from."
-        from dyspec_nb.verify import sampling_probs
         return MarkovLM(sampling_probs(torch.log(self.table), temperature, top_p, top_k), self.order)
 
     def _index(self, ctx):                    # ctx: list of `order` tokens, oldest first

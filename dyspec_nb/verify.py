@@ -7,8 +7,8 @@ __all__ = ['verify_path', 'verify', 'child_acceptance', 'expected_accepted', 'gr
 
 # %% ../nbs/03_verify.ipynb #0e6ffd27
 import torch
-from .tree import TokenTree, DraftResidual, WITHOUT_REPLACEMENT, WITH_REPLACEMENT, DETERMINISTIC
-from .builders import check_distributions
+from .tree import TokenTree, DraftResidual, WITHOUT_REPLACEMENT, WITH_REPLACEMENT, DETERMINISTIC, check_distributions
+
 
 # %% ../nbs/03_verify.ipynb #4e20209f
 class _NodeVerifier:
