@@ -446,9 +446,10 @@ def check_site(site, artefacts='artefacts/docs', screenshots=('index', 'theory')
 # %% ../nbs/10_docs.ipynb #41af81a8
 def docs_parser(p=None):
     "The options of `dyspec docs`, added to `p` (a new parser if None)."
-    p = p or argparse.ArgumentParser(prog='dyspec docs', description='Build the documentation site and check it in headless Chromium.')
+    p = p or argparse.ArgumentParser(prog='dyspec docs', description='Build the documentation site; with --check, check it in headless Chromium.')
     p.add_argument('--out', default='_docs', help='output folder, relative to the project root (default: _docs)')
-    p.add_argument('--no-check', action='store_true', help='do not open the site in headless Chromium')
+    p.add_argument('--check', action=argparse.BooleanOptionalAction, default=False,
+                   help='open every page in headless Chromium and fail on a problem (needs chromium and chromedriver)')
     p.add_argument('--quarto', action=argparse.BooleanOptionalAction, default=None,
                    help='force (or refuse) Quarto; default: Quarto when `quarto` is on the PATH, else Sphinx + myst-nb')
     p.add_argument('--artefacts', default='artefacts/docs', help='folder for the screenshots (default: artefacts/docs)')
@@ -460,7 +461,7 @@ def docs_run(args):
     root, _ = _root()
     t0 = time.time()
     site = build_docs(args.out, use_quarto=args.quarto, quiet=args.quiet)
-    if args.no_check: return 0
+    if not args.check: return 0
     t1 = time.time()
     r = check_site(site, root/args.artefacts)
     print(f"checked {len(r['pages'])} pages of {site} in headless Chromium in {time.time() - t1:.0f}s; "
@@ -472,5 +473,5 @@ def docs_run(args):
     return 0
 
 def docs_main(argv=None):
-    "Entry point of `dyspec docs [--out _docs] [--no-check] [--quarto/--no-quarto]`."
+    "Entry point of `dyspec docs [--out _docs] [--check] [--quarto/--no-quarto]`."
     return docs_run(docs_parser().parse_args(argv))

@@ -6,9 +6,10 @@ element mask inside each block unless the host marked the block as full (`block_
 style online softmax in fp32. Query rows that see no key at all come out as zeros.
 
 Without a CUDA device the kernel runs under Triton's interpreter, which `triton.jit` chooses when the environment
-variable `TRITON_INTERPRET=1` is set at decoration time, i.e. when this module is imported. The module sets it (unless it
-is already set) when `torch.cuda.is_available()` is False; triton.language must not have been imported before
-(transformers imports it), or the interpreted kernel cannot call triton's own helpers.
+variable `TRITON_INTERPRET=1` is set at decoration time, i.e. when this module is imported. `dyspec_nb/__init__.py`, the
+one place that sets it, does so (unless it is already set) when `torch.cuda.is_available()` is False, and this module
+is `dyspec_nb.kernels.tree_attention`, so the package's `__init__` has always run first. triton.language must not have
+been imported before (transformers imports it), or the interpreted kernel cannot call triton's own helpers.
 
 Triton 3.9's interpreter multiplies the raw bit patterns of bfloat16 tiles in `tl.dot` (triton-lang/triton#11584, not
 supported there), so under the interpreter bf16 tiles are converted to fp32 before each product (`DOT_F32`); compiled
@@ -16,9 +17,7 @@ kernels multiply bf16 and fp16 tiles directly on tensor cores.
 """
 import os
 import torch
-
-if not torch.cuda.is_available(): os.environ.setdefault('TRITON_INTERPRET', '1')   # before @triton.jit runs below
-
+import dyspec_nb              # its __init__ chooses TRITON_INTERPRET (the one place), before @triton.jit runs below
 import triton
 import triton.language as tl
 
