@@ -242,7 +242,7 @@ def main(argv=None):
         print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
-# %% ../nbs/09_cli.ipynb #32d5d268
+# %% ../nbs/09_cli.ipynb #d1d17ebd
 def cuda_notebooks(nbs='nbs'):
     "The notebooks in the folder `nbs` that have a `#| cuda` cell, sorted."
     def has_cuda(path):
