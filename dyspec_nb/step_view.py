@@ -39,7 +39,7 @@ def check_trace(trace, step=None):
     acc = list(trace.accepted)
     if not acc or acc[0] != 0: raise ValueError(f"the accepted path must start at the root, node 0; got {acc}{at}")
     for a, b in zip(acc, acc[1:]):
-        if not 0 < b < t.n or t._par[b] != a: raise ValueError(f"accepted node {b} is not a child of node {a}{at}")
+        if not 0 < b < t.n or t.parent_list[b] != a: raise ValueError(f"accepted node {b} is not a child of node {a}{at}")
     return trace
 
 def _check_step(step, n):
@@ -96,7 +96,7 @@ class StepSummary:
 def path_probs(tree, prob):
     "FloatTensor[n] (float64): the product of `prob` along each node's path, root included (1 at the root when `prob[0] == 1`)."
     w = torch.as_tensor(prob, dtype=torch.float64).clone()
-    for i, p in enumerate(tree._par[1:], 1): w[i] = w[i] * w[p]
+    for i, p in enumerate(tree.parent_list[1:], 1): w[i] = w[i] * w[p]
     return w
 
 def step_summary(trace, step=0):
@@ -149,7 +149,7 @@ def draw_step(trace, tokenizer=None, ax=None,
     from matplotlib import colors, cm
     trace = check_trace(trace)
     t = trace.tree
-    n, par = t.n, t._par
+    n, par = t.n, t.parent_list
     depth, row = tree_layout(t)
     y = [-r for r in row]
     if ax is None: _, ax = plt.subplots(figsize=step_figsize(trace), layout='constrained')

@@ -135,13 +135,15 @@ class TokenTree:
     def __len__(self): return self.n
 
     @cached_property
-    def _par(self): return self.parents.tolist()
+    def parent_list(self):
+        "list[int]: `parents` as Python ints (cached), for loops over nodes."
+        return self.parents.tolist()
 
     @cached_property
     def depths(self):
         "LongTensor[n]: depth of each node, 0 for the root."
         d = [0] * self.n
-        for i, p in enumerate(self._par[1:], 1): d[i] = d[p] + 1
+        for i, p in enumerate(self.parent_list[1:], 1): d[i] = d[p] + 1
         return torch.tensor(d, dtype=torch.long)
 
     @property
@@ -151,7 +153,7 @@ class TokenTree:
     def children(self):
         "list of lists: children of each node, in the order they were drawn."
         ch = [[] for _ in range(self.n)]
-        for i, p in enumerate(self._par[1:], 1): ch[p].append(i)
+        for i, p in enumerate(self.parent_list[1:], 1): ch[p].append(i)
         return ch
 
     @property
@@ -161,7 +163,7 @@ class TokenTree:
         "Node indices from the root down to node `i`."
         if not 0 <= i < self.n: raise IndexError(f"node {i} is not in a tree of {self.n} nodes")
         out = [i]
-        while self._par[out[-1]] >= 0: out.append(self._par[out[-1]])
+        while self.parent_list[out[-1]] >= 0: out.append(self.parent_list[out[-1]])
         return out[::-1]
 
     def path_tokens(self, i): return self.tokens[self.path(i)].tolist()
@@ -261,7 +263,7 @@ def plot_tree(tree, labels=None, highlight=(), ax=None, title=None):
     if ax is None: _, ax = plt.subplots(figsize=(min(2 + 0.45 * leaf, 14), 1 + 0.8 * (tree.depth + 1)))
     hl = set(highlight) | ({0} if highlight else set())
     for i in range(1, n):
-        p = tree._par[i]
+        p = tree.parent_list[i]
         on = i in hl and p in hl
         ax.plot([x[p], x[i]], [y[p], y[i]], color='C3' if on else '0.6', lw=2.2 if on else 1, zorder=1)
     labels = tree.tokens.tolist() if labels is None else labels
