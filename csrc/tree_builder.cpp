@@ -1,5 +1,6 @@
 // DySpec tree builders in C++: the greedy builder (Algorithm 1) and the threshold builder's layer-by-layer selection
-// (Algorithm 2) of nbs/02_builders.ipynb, drawing the same tokens as the Python reference for the same uniforms.
+// (Algorithm 2) of nbs/02_builders.ipynb, drawing the same tokens as the Python reference for the same uniforms; and
+// EAGLE-2's beam-and-rerank tree (the eagle2 builder), choosing the same nodes as its Python reference.
 //
 // The Python reference is the specification; this file repeats its arithmetic exactly:
 //  * a node's draft row q (float32[V]) is read as float64 weights w; drawn tokens get weight 0; when every weight is 0
@@ -18,6 +19,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <queue>
 #include <string>
@@ -165,10 +167,16 @@ struct Builder {
         py::array_t<i64> t(n(), tokens.data()), p(n(), parents.data()), u((i64)nodes.size(), nodes.data());
         py::object out = expand(t, p, u);
         auto rows = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(out);
+        check_shape(rows, (i64)nodes.size());
+        std::vector<std::unique_ptr<Residual>> res;
+        for (i64 r = 0; r < (i64)nodes.size(); ++r) res.push_back(make_residual(rows, r, atol));
+        return res;
+    }
+    // The draft's answer to a call for k nodes must be [k, V], with the V of its first answer (which must hold the root).
+    void check_shape(const py::array_t<float, py::array::c_style | py::array::forcecast>& rows, i64 k) {
         if (!rows || rows.ndim() != 2) throw py::value_error("the draft callback must return a float32 array [k, V]");
-        if (rows.shape(0) != (i64)nodes.size())
-            throw py::value_error("draft output has " + std::to_string(rows.shape(0)) + " rows, expected " +
-                                  std::to_string(nodes.size()));
+        if (rows.shape(0) != k)
+            throw py::value_error("draft output has " + std::to_string(rows.shape(0)) + " rows, expected " + std::to_string(k));
         if (V < 0) {
             V = rows.shape(1);
             if (tokens[0] >= V) throw py::value_error("root_token " + std::to_string(tokens[0]) +
@@ -176,9 +184,6 @@ struct Builder {
         } else if (rows.shape(1) != V)
             throw py::value_error("draft output has vocabulary size " + std::to_string(rows.shape(1)) + ", expected " +
                                   std::to_string(V) + ": draft and target must share a vocabulary");
-        std::vector<std::unique_ptr<Residual>> res;
-        for (i64 r = 0; r < (i64)nodes.size(); ++r) res.push_back(make_residual(rows, r, atol));
-        return res;
     }
     py::tuple result() const { return py::make_tuple(tokens, parents, scores); }
 };
@@ -242,6 +247,110 @@ py::tuple dyspec_threshold(i64 root, py::function expand, i64 budget,
     return b.result();
 }
 
+// ---- EAGLE-2's tree ----
+// The Python reference (eagle2 in nbs/02_builders.ipynb) is the specification:
+//  * a row's top-k children are its k largest probabilities, ties to the smaller token id; zero probabilities never count;
+//  * a candidate's score is its parent's score times (double)q[y], in float64;
+//  * candidates rank by (higher score, shallower, created earlier); created in frontier order, then by child rank;
+//  * the next frontier is the best `topk` candidates of the layer, added to the tree in creation order;
+//  * the kept tree is the best `budget` candidates; those not yet in the tree are added in creation order.
+
+// Check row r of `rows` as check_distributions does, then return its top-k (probability, token), best first. Two passes
+// that vectorise: the check keeps 8 independent float64 sums (a NaN or infinity makes the total non-finite) and ORs the
+// sign bits (an exact `< 0` scan only when one is set, since -0.0 is not negative); the selection looks at 8 entries at a
+// time and enters them one by one only when their maximum beats the k-th best so far.
+static std::vector<std::pair<float, i64>> checked_topk(const py::array_t<float, py::array::c_style | py::array::forcecast>& rows,
+                                                       i64 r, i64 k, double atol) {
+    const i64 V = rows.shape(1);
+    const float* q = rows.data(r);
+    double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    std::uint32_t signs = 0;
+    i64 j = 0;
+    for (; j + 8 <= V; j += 8)
+        for (int t = 0; t < 8; ++t) {
+            acc[t] += (double)q[j + t];
+            std::uint32_t bits; std::memcpy(&bits, q + j + t, 4); signs |= bits;
+        }
+    for (; j < V; ++j) { acc[0] += (double)q[j]; std::uint32_t bits; std::memcpy(&bits, q + j, 4); signs |= bits; }
+    double sum = 0.0;
+    for (double a : acc) sum += a;
+    if (!std::isfinite(sum)) throw py::value_error("draft output holds NaN or infinite values");
+    if ((signs >> 31) && std::any_of(q, q + V, [](float v) { return v < 0.0f; }))
+        throw py::value_error("draft output has negative entries: pass probabilities (softmax of logits), not logits");
+    if (std::fabs(sum - 1.0) > atol)
+        throw py::value_error("draft output row " + std::to_string(r) + " sums to " + std::to_string(sum) +
+                              ", not 1: rows must be probability distributions");
+    std::vector<std::pair<float, i64>> top;                 // best first: higher probability, then smaller token
+    top.reserve(k + 1);
+    float worst = 0.0f;                                     // entries must beat this to enter (0: zeros never count)
+    auto offer = [&](i64 i) {
+        float v = q[i];
+        if (!(v > worst)) return;                           // strictly better: a tie with a kept entry loses (larger id)
+        auto pos = std::upper_bound(top.begin(), top.end(), v, [](float x, const std::pair<float, i64>& e) { return x > e.first; });
+        top.insert(pos, {v, i});
+        if ((i64)top.size() > k) top.pop_back();
+        if ((i64)top.size() == k) worst = top.back().first;
+    };
+    for (j = 0; j + 8 <= V; j += 8) {
+        float m = q[j];
+        for (int t = 1; t < 8; ++t) m = std::max(m, q[j + t]);
+        if (m > worst) for (int t = 0; t < 8; ++t) offer(j + t);
+    }
+    for (; j < V; ++j) offer(j);
+    return top;
+}
+
+struct Cand { double score; i64 depth, order, parent, token; };
+static bool cand_before(const Cand& a, const Cand& b) {     // the reference's sort key (-score, depth, order)
+    if (a.score != b.score) return a.score > b.score;
+    if (a.depth != b.depth) return a.depth < b.depth;
+    return a.order < b.order;
+}
+
+// EAGLE-2's tree: (tokens, parents, scores) of every node added, and `keep`, the sorted nodes of the tree to return.
+py::tuple eagle2(i64 root, py::function expand, i64 budget, i64 topk, i64 depth, double atol) {
+    if (topk < 1 || depth < 1 || budget < 1) throw py::value_error("budget, topk and depth must be positive");
+    Builder b(root, std::move(expand), atol);
+    std::vector<Cand> cand;
+    std::vector<i64> node_of;                               // candidate order -> tree node, -1 while not in the tree
+    std::vector<i64> frontier = {0};
+    for (i64 d = 1; d <= depth; ++d) {
+        py::array_t<i64> t(b.n(), b.tokens.data()), p(b.n(), b.parents.data()), u((i64)frontier.size(), frontier.data());
+        py::object out = b.expand(t, p, u);                 // one batched draft call per layer
+        auto rows = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(out);
+        b.check_shape(rows, (i64)frontier.size());
+        i64 first = (i64)cand.size();
+        for (i64 i = 0; i < (i64)frontier.size(); ++i) {
+            i64 u_ = frontier[i];
+            for (auto& [pr, tok] : checked_topk(rows, i, topk, atol)) {
+                double s = b.scores[u_] * (double)pr;
+                if (s > 0) { cand.push_back({s, d, (i64)cand.size(), u_, tok}); node_of.push_back(-1); }
+            }
+        }
+        if (d == depth) break;
+        std::vector<Cand> layer(cand.begin() + first, cand.end());
+        i64 m = std::min<i64>(topk, (i64)layer.size());
+        std::partial_sort(layer.begin(), layer.begin() + m, layer.end(), cand_before);
+        layer.resize(m);
+        std::sort(layer.begin(), layer.end(), [](const Cand& a, const Cand& c) { return a.order < c.order; });
+        frontier.clear();
+        for (auto& c : layer) { node_of[c.order] = b.add(c.token, c.parent, c.score); frontier.push_back(node_of[c.order]); }
+        if (frontier.empty()) break;
+    }
+    i64 m = std::min<i64>(budget, (i64)cand.size());
+    std::vector<Cand> best(cand);
+    std::partial_sort(best.begin(), best.begin() + m, best.end(), cand_before);
+    best.resize(m);
+    std::sort(best.begin(), best.end(), [](const Cand& a, const Cand& c) { return a.order < c.order; });
+    std::vector<i64> keep = {0};
+    for (auto& c : best) {
+        if (node_of[c.order] < 0) node_of[c.order] = b.add(c.token, c.parent, c.score);
+        keep.push_back(node_of[c.order]);
+    }
+    std::sort(keep.begin(), keep.end());
+    return py::make_tuple(b.tokens, b.parents, b.scores, keep);
+}
+
 // One draw from a row, for tests: (token, probability) of the two-level inverse CDF after removing `drawn` in order.
 py::tuple draw_from_row(py::array_t<float, py::array::c_style | py::array::forcecast> row, std::vector<i64> drawn, double u) {
     if (row.ndim() != 1) throw py::value_error("row must be 1-D");
@@ -259,5 +368,7 @@ PYBIND11_MODULE(_native, m) {
           py::arg("max_depth") = -1, py::arg("atol") = 1e-3);
     m.def("dyspec_threshold", &dyspec_threshold, py::arg("root"), py::arg("expand"), py::arg("budget"),
           py::arg("uniforms"), py::arg("threshold"), py::arg("max_depth") = -1, py::arg("atol") = 1e-3);
+    m.def("eagle2", &eagle2, py::arg("root"), py::arg("expand"), py::arg("budget"), py::arg("topk"), py::arg("depth"),
+          py::arg("atol") = 1e-3);
     m.def("draw_from_row", &draw_from_row, py::arg("row"), py::arg("drawn"), py::arg("u"));
 }
