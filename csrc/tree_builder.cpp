@@ -163,11 +163,15 @@ struct Builder {
         tokens.push_back(token); parents.push_back(parent); depths.push_back(depths[parent] + 1); scores.push_back(score);
         return n() - 1;
     }
-    std::vector<std::unique_ptr<Residual>> rows_for(const std::vector<i64>& nodes) {
+    // One draft call for `nodes`: their rows [k, V], the shape checked (the distributions are checked by the caller).
+    py::array_t<float, py::array::c_style | py::array::forcecast> call(const std::vector<i64>& nodes) {
         py::array_t<i64> t(n(), tokens.data()), p(n(), parents.data()), u((i64)nodes.size(), nodes.data());
-        py::object out = expand(t, p, u);
-        auto rows = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(out);
+        auto rows = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(expand(t, p, u));
         check_shape(rows, (i64)nodes.size());
+        return rows;
+    }
+    std::vector<std::unique_ptr<Residual>> rows_for(const std::vector<i64>& nodes) {
+        auto rows = call(nodes);
         std::vector<std::unique_ptr<Residual>> res;
         for (i64 r = 0; r < (i64)nodes.size(); ++r) res.push_back(make_residual(rows, r, atol));
         return res;
@@ -315,10 +319,7 @@ py::tuple eagle2(i64 root, py::function expand, i64 budget, i64 topk, i64 depth,
     std::vector<i64> node_of;                               // candidate order -> tree node, -1 while not in the tree
     std::vector<i64> frontier = {0};
     for (i64 d = 1; d <= depth; ++d) {
-        py::array_t<i64> t(b.n(), b.tokens.data()), p(b.n(), b.parents.data()), u((i64)frontier.size(), frontier.data());
-        py::object out = b.expand(t, p, u);                 // one batched draft call per layer
-        auto rows = py::array_t<float, py::array::c_style | py::array::forcecast>::ensure(out);
-        b.check_shape(rows, (i64)frontier.size());
+        auto rows = b.call(frontier);                       // one batched draft call per layer
         i64 first = (i64)cand.size();
         for (i64 i = 0; i < (i64)frontier.size(); ++i) {
             i64 u_ = frontier[i];

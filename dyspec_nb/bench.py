@@ -130,7 +130,7 @@ def load_prompts(tokenizer, dataset, n, max_tokens=256):
 DYSPEC_FAMILY = ('dyspec', 'dyspec_threshold', 'dyspec_adaptive')
 
 def _cell(stats, tokens, baseline=None):
-    "One (method, budget) cell from its `GenerationStats` per prompt: pooled figures, per-prompt values, their mean and standard error."
+    "One (method, budget) cell from its `GenerationStats` per prompt (`baseline`: the autoregressive cell of the same prompts)."
     s = sum(stats, GenerationStats()); n = max(1, s.steps)
     out = dict(steps=s.steps, new_tokens=s.new_tokens, accepted_per_step=s.accepted_per_step, tokens_per_step=s.tokens_per_step,
                seconds_per_token=s.seconds_per_token, prefill=s.prefill,
@@ -139,9 +139,9 @@ def _cell(stats, tokens, baseline=None):
                draft_calls=sum(r.draft_calls for r in s.records) / n, draft_rows=sum(r.draft_rows for r in s.records) / n,
                tokens=tokens)
     per = dict(accepted_per_step=[x.accepted_per_step for x in stats], seconds_per_token=[x.seconds_per_token for x in stats])
-    if baseline is not None:                                    # the autoregressive stats of the same prompts
-        out['speedup'] = sum(baseline, GenerationStats()).seconds_per_token / s.seconds_per_token
-        per['speedup'] = [a.seconds_per_token / x.seconds_per_token for a, x in zip(baseline, stats)]
+    if baseline is not None:                                    # speedups over the autoregressive run, pooled and per prompt
+        out['speedup'] = baseline['seconds_per_token'] / s.seconds_per_token
+        per['speedup'] = [a / x for a, x in zip(baseline['per_prompt']['seconds_per_token'], per['seconds_per_token'])]
     out['per_prompt'] = per
     out['over_prompts'] = {k: mean_se(v) for k, v in per.items() if k != 'seconds_per_token'}
     return out
@@ -218,7 +218,7 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
                 res[str(b)] = {}
                 for m in spec:
                     if (b, m.label) not in decs: continue
-                    c = _cell(stats[(b, m.label)], toks[(b, m.label)], baseline=stats['autoregressive'])
+                    c = _cell(stats[(b, m.label)], toks[(b, m.label)], baseline=ar)
                     if T == 0: c['same_tokens_as_autoregressive'] = c['tokens'] == ar['tokens']
                     res[str(b)][m.label] = c
             record['results'].setdefault(ds, {})[Tk] = res
@@ -228,11 +228,11 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
     return record
 
 # %% ../nbs/14_bench.ipynb #5206c896
-def _fmt(c, key, fmt):
+def _fmt(c, key, unit=''):
     "A cell's `key` as text: mean ± standard error over prompts when the record has them, else the pooled value."
     st = c.get('over_prompts', {}).get(key)
-    if st is None: return fmt.format(c[key])
-    return fmt.format(st['mean']) + ('' if st['se'] is None else ' ± ' + fmt.format(st['se']).rstrip('x'))
+    if st is None: return f"{c[key]:.2f}{unit}"
+    return f"{st['mean']:.2f}{unit}" + ('' if st['se'] is None else f" ± {st['se']:.2f}")
 
 def _versus(test):
     "A paired comparison as text: the ratio of means, the p-value, 'n.s.' when p >= 0.05 and † when 10% is not resolvable."
@@ -263,7 +263,7 @@ def bench_markdown(record, datasets=None, temperatures=None, reference='dyspec')
                 for b in budgets:
                     c = res[b].get(m)
                     if c is None: cells += ['-'] * len(cols); continue
-                    cells += [_fmt(c, 'accepted_per_step', '{:.2f}'), f"{1e3 * c['seconds_per_token']:.1f}", _fmt(c, 'speedup', '{:.2f}x')]
+                    cells += [_fmt(c, 'accepted_per_step'), f"{1e3 * c['seconds_per_token']:.1f}", _fmt(c, 'speedup', 'x')]
                     if paired: cells.append(_versus(comp.get(b, {}).get(reference, {}).get(m, {}).get('accepted_per_step')))
                 rows.append(f'| {m} | ' + ' | '.join(cells) + ' |')
             if paired:

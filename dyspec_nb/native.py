@@ -48,23 +48,25 @@ def build_native(kind,            # 'greedy' (Algorithm 1), 'threshold' (Algorit
         calls.append((nodes, rows))
         return rows.numpy()
     md = -1 if max_depth is None else max_depth
-    if kind == 'eagle2':                                      # every node added, and the ones kept
+    if kind == 'eagle2':                                      # every node added, and the sorted nodes kept
         tokens, parents, scores, keep = _native.eagle2(root_token, expand, budget, topk, depth)
-        new = torch.full((len(tokens),), -1, dtype=torch.long); new[keep] = torch.arange(len(keep))
-        tree = TokenTree([tokens[i] for i in keep], [int(new[parents[i]]) if parents[i] >= 0 else -1 for i in keep],
-                         DETERMINISTIC, [scores[i] for i in keep])
-        q = zero_rows(tree.n, calls[0][1].shape[1])          # [n, V]: draft rows of the kept expanded nodes, 0 elsewhere
-        for nodes, rows in calls:                            # row by row: one pass over the kept rows
-            for row, k in zip(rows, new[nodes].tolist()):
-                if k >= 0: q[k].copy_(row)
-        return tree, q
-    us = uniforms.to(torch.float64).contiguous().numpy()
-    if kind == 'greedy': tokens, parents, scores = _native.dyspec_greedy(root_token, expand, budget, us, md)
-    elif kind == 'threshold': tokens, parents, scores = _native.dyspec_threshold(root_token, expand, budget, us, threshold, md)
-    else: raise ValueError(f"kind must be 'greedy', 'threshold' or 'eagle2', got {kind!r}")
-    tree = TokenTree(tokens, parents, WITHOUT_REPLACEMENT, scores)
-    q = zero_rows(tree.n, calls[0][1].shape[1])              # [n, V]: draft rows of the expanded nodes, 0 elsewhere
-    for nodes, rows in calls: q[nodes] = rows
+        mode = DETERMINISTIC
+    else:
+        us = uniforms.to(torch.float64).contiguous().numpy()
+        if kind == 'greedy': tokens, parents, scores = _native.dyspec_greedy(root_token, expand, budget, us, md)
+        elif kind == 'threshold': tokens, parents, scores = _native.dyspec_threshold(root_token, expand, budget, us, threshold, md)
+        else: raise ValueError(f"kind must be 'greedy', 'threshold' or 'eagle2', got {kind!r}")
+        keep, mode = list(range(len(tokens))), WITHOUT_REPLACEMENT   # DySpec's builders keep every node they add
+    new = torch.full((len(tokens),), -1, dtype=torch.long); new[keep] = torch.arange(len(keep))   # node -> index kept
+    tree = TokenTree([tokens[i] for i in keep], [int(new[parents[i]]) if parents[i] >= 0 else -1 for i in keep],
+                     mode, [scores[i] for i in keep])
+    q = zero_rows(tree.n, calls[0][1].shape[1])              # [n, V]: draft rows of the kept expanded nodes, 0 elsewhere
+    for nodes, rows in calls:
+        k = new[nodes]
+        if (k >= 0).all(): q[k] = rows                       # one indexed copy (always so for DySpec's builders)
+        else:                                                # row by row: a boolean gather would copy the rows twice
+            for row, j in zip(rows, k.tolist()):
+                if j >= 0: q[j].copy_(row)
     return tree, q
 
 # %% ../nbs/11_native.ipynb #7497f65a
