@@ -16,6 +16,7 @@ from .tree import TokenTree
 from .builders import BUILDERS, MAX_BUDGET, run_options
 from .verify import sampling_probs, verify_path
 from .tree_attention import tree_mask, register_tree_attention, kernel_verified
+from .small_linear import use_small_linear
 from .kv import DraftSession, additive_mask, forward, prefill, keep_positions, input_device
 
 # %% ../nbs/08_engine.ipynb #aa9a1d48
@@ -103,6 +104,7 @@ class SpecDecoder:
     "Speculative decoding of a Hugging Face target with a draft of the same vocabulary, using any builder in `BUILDERS`."
     def __init__(self, target, draft=None, method='dyspec', budget=16, prefetch=True,
                  attention='auto',   # target attention: 'default' (PyTorch), 'triton' (the tree kernel), or 'auto' (see above)
+                 small_linear=True,  # few-row products on the C++ kernel of 06a_small_linear (CPU, float32); False: PyTorch's
                  **options):         # `options` go to the builder
         if method != 'autoregressive' and method not in BUILDERS:
             raise ValueError(f"unknown method {method!r}: choose one of {sorted(BUILDERS) + ['autoregressive']}")
@@ -117,7 +119,7 @@ class SpecDecoder:
         if attention not in ('auto', 'triton', 'default'):
             raise ValueError(f"attention must be 'auto', 'triton' or 'default', got {attention!r}")
         self.target, self.draft, self.method, self.budget, self.options = target, draft, method, budget, options
-        self.prefetch = prefetch
+        self.prefetch, self.small_linear = prefetch, small_linear
         self.kernel = attention == 'triton' or (attention == 'auto' and input_device(target).type == 'cuda' and kernel_verified())
         if self.kernel: register_tree_attention(target)     # the target verifies trees with the block-sparse kernel, in DFS order
 
@@ -214,15 +216,16 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
     build = BUILDERS.get(self.method)
     options = run_options(build, self.options)                                # e.g. an adaptive threshold: fresh each call
     n_prompt = len(seq)
-    while len(seq) - n_prompt < max_new_tokens:
-        budget = 0 if self.method == 'autoregressive' else min(self.budget, ctx - len(seq))   # no node past the context
-        out, rec = decode_step(self.target, self.draft, seq, tcache, dcache, build, budget, g, sampling=sampling,
-                               draft_sampling=draft_sampling, options=options, prefetch=self.prefetch, kernel=self.kernel,
-                               eos=eos, max_tokens=max_new_tokens - (len(seq) - n_prompt), trace=trace)
-        seq += out
-        stats.records.append(rec)
-        emit(out)
-        if out[-1] in eos: break
+    with use_small_linear(self.target, self.small_linear), use_small_linear(self.draft, self.small_linear):
+        while len(seq) - n_prompt < max_new_tokens:
+            budget = 0 if self.method == 'autoregressive' else min(self.budget, ctx - len(seq))   # no node past the context
+            out, rec = decode_step(self.target, self.draft, seq, tcache, dcache, build, budget, g, sampling=sampling,
+                                   draft_sampling=draft_sampling, options=options, prefetch=self.prefetch, kernel=self.kernel,
+                                   eos=eos, max_tokens=max_new_tokens - (len(seq) - n_prompt), trace=trace)
+            seq += out
+            stats.records.append(rec)
+            emit(out)
+            if out[-1] in eos: break
     end()
     stats.seconds = time.perf_counter() - t_start
     return GenerationOutput(torch.tensor(seq[n_prompt:], dtype=torch.long), stats)

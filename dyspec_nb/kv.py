@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['additive_mask', 'causal_mask', 'input_device', 'forward', 'prefill', 'cache_len', 'keep_positions', 'crop_to',
-           'DraftSession', 'forward_seconds']
+           'DraftSession', 'forward_seconds', 'generate_seconds', 'target_step_costs']
 
 # %% ../nbs/06b_kv.ipynb #940699dc
 import inspect, time, weakref
@@ -14,6 +14,7 @@ from transformers import DynamicCache
 from .tree import random_tree
 from .verify import sampling_probs
 from .tree_attention import tree_mask
+from .small_linear import use_small_linear
 
 # %% ../nbs/06b_kv.ipynb #f3e21be5
 def additive_mask(allowed, dtype):
@@ -130,7 +131,8 @@ def forward_seconds(models,         # {name: model}, timed in turn, rep by rep
                     sizes=(1,),     # new tokens per forward
                     prefix=128,     # cached tokens before them
                     reps=5, warmup=0, seed=0,
-                    tree=False):    # False: the new tokens are a causal chain; True: a random tree of that many nodes
+                    tree=False,     # False: the new tokens are a causal chain; True: a random tree of that many nodes
+                    small_linear=True):  # few-row products on the C++ kernel, as the engine runs them
     "Median seconds of one cached forward of n new tokens after `prefix` cached ones: `{name: {n: seconds}}`."
     g = torch.Generator().manual_seed(seed)
     V = min(m.config.vocab_size for m in models.values())
@@ -150,9 +152,35 @@ def forward_seconds(models,         # {name: model}, timed in turn, rep by rep
             x, pos, allowed = shapes[n]
             for name, m in models.items():
                 mask = additive_mask(allowed, m.dtype)
-                t0 = time.perf_counter()
-                forward(m, x, pos, mask, caches[name])
-                dt = time.perf_counter() - t0
+                with use_small_linear(m, small_linear):
+                    t0 = time.perf_counter()
+                    forward(m, x, pos, mask, caches[name])
+                    dt = time.perf_counter() - t0
                 crop_to(caches[name], prefix)                    # back to the prefix
                 if r >= warmup: times[(name, n)].append(dt)
     return {name: {n: float(np.median(times[(name, n)])) for n in sizes} for name in models}
+
+@torch.no_grad()
+def generate_seconds(model, prefix=128, new_tokens=16, reps=5, seed=0):
+    "Median seconds per token of `model.generate` (greedy, a random prompt of `prefix` tokens): (time for 1 + new_tokens) - (time for 1), over new_tokens."
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(model.config.vocab_size, (1, prefix), generator=g).to(input_device(model))
+    pad = model.generation_config.pad_token_id
+    run = lambda n: model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                   pad_token_id=0 if pad is None else pad)
+    run(2)                                                        # warm up
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter(); run(1); t1 = time.perf_counter(); run(1 + new_tokens); t2 = time.perf_counter()
+        out.append(((t2 - t1) - (t1 - t0)) / new_tokens)
+    return float(np.median(out))
+
+def target_step_costs(model, sizes=(1, 2, 3, 5, 9, 17, 33, 65), prefix=200, rounds=5, new_tokens=16):
+    "The step's cost curve, interleaved round by round: `{'generate': s/token, 'torch': {n: s}, 'small_linear': {n: s}}` (medians over rounds)."
+    runs = {'generate': [], 'torch': [], 'small_linear': []}
+    for r in range(rounds):
+        runs['generate'].append(generate_seconds(model, prefix, new_tokens, reps=1, seed=r))
+        for k in ('torch', 'small_linear'):
+            runs[k].append(forward_seconds({'m': model}, sizes, prefix, reps=1, warmup=1 if r == 0 else 0, seed=r, small_linear=k == 'small_linear')['m'])
+    return {'generate': float(np.median(runs['generate'])),
+            **{k: {n: float(np.median([run[n] for run in runs[k]])) for n in sizes} for k in ('torch', 'small_linear')}}
