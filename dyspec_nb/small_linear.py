@@ -43,6 +43,10 @@ def small_linear(x,                # FloatTensor[n, K] on the CPU
     if x.dim() != 2 or weight.dim() != 2: raise ValueError(f"x and weight must be 2-D, got {tuple(x.shape)} and {tuple(weight.shape)}")
     if x.shape[1] != weight.shape[1]: raise ValueError(f"x has {x.shape[1]} features, weight expects {weight.shape[1]}")
     if bias is not None and bias.shape != (weight.shape[0],): raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
+    return _product(x, weight, bias, vectorise)
+
+def _product(x, weight, bias=None, vectorise=True):
+    "`small_linear` without the checks, for callers that have made them (`SmallRowsLinear`): FloatTensor[n, N]."
     y = torch.empty(x.shape[0], weight.shape[0])                          # [n, N]
     _linear.linear(x.detach().contiguous().numpy(), weight.detach().contiguous().numpy(), y.numpy(), vectorise)
     return y if bias is None else y.add_(bias.detach())
@@ -52,32 +56,33 @@ class SmallRowsLinear(nn.Linear):
     "An `nn.Linear` whose small, gradient-free, float32 CPU products go to `small_linear` (see `use_small_linear`)."
     def forward(self, x):                                                  # x: [..., K]
         rows = x.numel() // max(1, x.shape[-1])
-        if (0 < rows <= SMALL_ROWS and x.dtype == torch.float32 and x.device.type == 'cpu' and not torch.is_grad_enabled()):
-            return small_linear(x.reshape(rows, x.shape[-1]), self.weight, self.bias).view(*x.shape[:-1], self.out_features)
+        w = self.weight
+        if (0 < rows <= SMALL_ROWS and x.dtype == w.dtype == torch.float32 and x.device.type == w.device.type == 'cpu'
+                and not torch.is_grad_enabled()):                          # the checks small_linear would make, once
+            return _product(x.reshape(rows, x.shape[-1]), w, self.bias).view(*x.shape[:-1], self.out_features)
         return super().forward(x)
 
-_LINEARS = weakref.WeakKeyDictionary()          # model -> its plain float32 CPU nn.Linear modules
+_LINEARS = weakref.WeakKeyDictionary()          # model -> the nn.Linear modules swapped by the outermost open block
 _DEPTH = weakref.WeakKeyDictionary()            # model -> how many use_small_linear blocks are open on it
 
 def _linears(model):
-    if model not in _LINEARS:
-        _LINEARS[model] = [m for m in model.modules() if type(m) is nn.Linear and m.weight.dtype == torch.float32 and m.weight.device.type == 'cpu']
-    return _LINEARS[model]
+    "The model's plain float32 CPU nn.Linear modules, found afresh (a model moved to another dtype or device since is seen as it is now)."
+    return [m for m in model.modules() if type(m) is nn.Linear and m.weight.dtype == torch.float32 and m.weight.device.type == 'cpu']
 
 @contextmanager
 def use_small_linear(model, enabled=True):
     "Inside the block, `model`'s few-row float32 CPU products run on the C++ kernel (a no-op if not `enabled` or not built)."
     if model is None or not enabled or not small_linear_available():
         yield model; return
-    mods = _linears(model)
     if _DEPTH.get(model, 0) == 0:
-        for m in mods: m.__class__ = SmallRowsLinear
+        _LINEARS[model] = _linears(model)
+        for m in _LINEARS[model]: m.__class__ = SmallRowsLinear
     _DEPTH[model] = _DEPTH.get(model, 0) + 1
     try: yield model
     finally:
         _DEPTH[model] -= 1
         if _DEPTH[model] == 0:
-            for m in mods: m.__class__ = nn.Linear
+            for m in _LINEARS.pop(model): m.__class__ = nn.Linear
 
 # %% ../nbs/06a_small_linear.ipynb #3c4aa01f
 def products_seconds(sizes=(1, 2, 3, 5, 9, 17, 33, 65), layers=30, hidden=576, inner=1536, kv=192, vocab=49152, reps=5, seed=0):
