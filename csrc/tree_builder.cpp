@@ -37,6 +37,8 @@ struct Residual {
     i64 V = 0, nb = 0;
     std::vector<double> bsum;        // float64[nb]: sum of the residual weights of each block, in token order
     double tot = 0.0;                // the block sums added in block order
+    std::vector<double> bsq;         // float64[nb]: sum of the squared residual weights of each block (the cost rule's r-bar)
+    double sq = 0.0;
     std::vector<i64> drawn;          // drawn tokens, sorted
     bool uniform = false;            // support used up: weight 1 on every undrawn token
 
@@ -51,12 +53,14 @@ struct Residual {
             if (f(j, w)) return;
         }
     }
-    void sum_block(i64 k) {          // bsum[k] from scratch, in token order
-        double acc = 0.0;
-        scan_block(k, [&](i64, double w) { acc += w; return false; });
-        bsum[k] = acc;
+    void sum_block(i64 k) {          // bsum[k] (and bsq[k]) from scratch, in token order
+        double acc = 0.0, acc2 = 0.0;
+        scan_block(k, [&](i64, double w) { acc += w; acc2 += w * w; return false; });
+        bsum[k] = acc; bsq[k] = acc2;
     }
-    void sum_total() { tot = 0.0; for (double b : bsum) tot += b; }
+    void sum_total() { tot = 0.0; sq = 0.0; for (double b : bsum) tot += b; for (double b : bsq) sq += b; }
+    // Expected probability of the next drawn token under the residual: sum of squared residual probabilities.
+    double collision() const { return sq / (tot * tot); }
 
     // Token drawn with uniform u, and its probability r under the current residual.
     std::pair<i64, double> draw(double u) const {
@@ -107,31 +111,34 @@ static std::unique_ptr<Residual> make_residual(py::array_t<float> rows, i64 r, d
     R->q = rows.data(r);
     R->nb = (R->V + BLOCK - 1) / BLOCK;
     R->bsum.assign(R->nb, 0.0);
+    R->bsq.assign(R->nb, 0.0);
     const float* q = R->q;
     bool negative = false, nonfinite = false;
     i64 full = R->V / BLOCK;                        // complete blocks
     i64 b = 0;
     for (; b + 8 <= full; b += 8) {
-        double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        double acc[8] = {0, 0, 0, 0, 0, 0, 0, 0}, acc2[8] = {0, 0, 0, 0, 0, 0, 0, 0};
         for (i64 j = 0; j < BLOCK; ++j)
             for (int t = 0; t < 8; ++t) {
                 float v = q[(b + t) * BLOCK + j];
                 negative |= v < 0.0f;
                 nonfinite |= !std::isfinite(v);
                 acc[t] += (double)v;
+                acc2[t] += (double)v * (double)v;
             }
-        for (int t = 0; t < 8; ++t) R->bsum[b + t] = acc[t];
+        for (int t = 0; t < 8; ++t) { R->bsum[b + t] = acc[t]; R->bsq[b + t] = acc2[t]; }
     }
     for (; b < R->nb; ++b) {
         i64 lo = b * BLOCK, hi = std::min(R->V, lo + BLOCK);
-        double acc = 0.0;
+        double acc = 0.0, acc2 = 0.0;
         for (i64 j = lo; j < hi; ++j) {
             float v = q[j];
             negative |= v < 0.0f;
             nonfinite |= !std::isfinite(v);
             acc += (double)v;
+            acc2 += (double)v * (double)v;
         }
-        R->bsum[b] = acc;
+        R->bsum[b] = acc; R->bsq[b] = acc2;
     }
     if (nonfinite) throw py::value_error("draft output holds NaN or infinite values");
     if (negative) throw py::value_error("draft output has negative entries: pass probabilities (softmax of logits), not logits");
@@ -197,11 +204,37 @@ static const double* uniforms_of(const py::array_t<double, py::array::c_style | 
     return u.data();
 }
 
+// The cost rule of nbs/02_builders.ipynb ("Cost-aware trees"), as the Python _Pace: draw the (n + 1)-th token in a slot
+// of value v only if g C > (1 + A) dC, g = v r-bar (the mean r-bar of the rows fetched so far when the slot's node needs
+// a draft call, which then adds `call` to dC). Off when no costs are given.
+struct Pace {
+    bool on = false;
+    std::vector<double> t;           // t[n]: seconds of a step with n draft tokens (convex, non-decreasing)
+    double c = 0.0, k = 1.0, accepted = 0.0, rbar_sum = 0.0;   // k: StepCosts.scale, the calibration of the estimate
+    i64 calls = 0, rows = 0;
+    Pace(const py::object& verify, double call, double scale, i64 budget) {
+        if (verify.is_none()) return;
+        on = true; c = call; k = scale;
+        t = verify.cast<std::vector<double>>();
+        if ((i64)t.size() < budget + 1) throw py::value_error("costs cover fewer draft tokens than the budget");
+    }
+    void called(double rbar) { calls += 1; rbar_sum += rbar; rows += 1; }
+    void fetched(double rbar) { rbar_sum += rbar; rows += 1; }     // a further row of the same call
+    void drew(double v, double r) { accepted += v * r; }
+    bool pays(i64 n, double v, double rbar, bool fresh) const {
+        double g = k * v * (fresh ? rbar_sum / (double)rows : rbar);
+        double C = t[n] + (double)calls * c;
+        double dC = t[n + 1] - t[n] + (fresh ? c : 0.0);
+        return g * C > (1.0 + k * accepted) * dC;
+    }
+};
+
 // DySpec's greedy tree: repeatedly draw in the open slot of highest estimated value.
 py::tuple dyspec_greedy(i64 root, py::function expand, i64 budget,
                         py::array_t<double, py::array::c_style | py::array::forcecast> uniforms,
-                        i64 max_depth, double atol) {
+                        i64 max_depth, double atol, py::object verify, double call, double scale) {
     const double* us = uniforms_of(uniforms, budget);
+    Pace pace(verify, call, scale, budget);
     Builder b(root, std::move(expand), atol);
     std::priority_queue<Slot, std::vector<Slot>, SlotOrder> heap;
     std::vector<std::unique_ptr<Residual>> residual(1);      // node -> residual, created on its first expansion
@@ -210,10 +243,16 @@ py::tuple dyspec_greedy(i64 root, py::function expand, i64 budget,
     while (!heap.empty() && b.n() <= budget) {
         Slot s = heap.top(); heap.pop();
         if ((i64)residual.size() < b.n()) residual.resize(b.n());
-        if (!residual[s.node]) residual[s.node] = std::move(b.rows_for({s.node})[0]);
+        if (!residual[s.node]) {
+            if (pace.on && b.n() > 1 && !pace.pays(b.n() - 1, s.v, 0.0, true)) break;   // the call and the draw would not pay
+            residual[s.node] = std::move(b.rows_for({s.node})[0]);
+            if (pace.on) pace.called(residual[s.node]->collision());
+        }
         Residual& R = *residual[s.node];
+        if (pace.on && !pace.pays(b.n() - 1, s.v, R.collision(), false)) break;
         auto [y, r] = R.draw(us[draws++]);
         i64 child = b.add(y, s.node, s.v);
+        if (pace.on) pace.drew(s.v, r);
         R.remove(y);
         if (s.v * (1 - r) > 0 && !R.exhausted()) heap.push({s.v * (1 - r), tick++, s.node});
         if (s.v * r > 0 && (max_depth < 0 || b.depths[child] < max_depth)) heap.push({s.v * r, tick++, child});
@@ -221,18 +260,26 @@ py::tuple dyspec_greedy(i64 root, py::function expand, i64 budget,
     return b.result();
 }
 
-// DySpec's layer-by-layer tree: every slot whose value is at least `threshold`, one draft call per layer.
+// DySpec's layer-by-layer tree: every slot whose value is at least `threshold`, one draft call per layer; with costs,
+// the slots and layers that do not pay are dropped, and the result's last element says whether any was.
 py::tuple dyspec_threshold(i64 root, py::function expand, i64 budget,
                            py::array_t<double, py::array::c_style | py::array::forcecast> uniforms,
-                           double threshold, i64 max_depth, double atol) {
+                           double threshold, i64 max_depth, double atol, py::object verify, double call, double scale) {
     const double* us = uniforms_of(uniforms, budget);
+    Pace pace(verify, call, scale, budget);
+    bool cut = false;
     Builder b(root, std::move(expand), atol);
     std::vector<std::pair<i64, double>> layer = {{0, 1.0}};   // (node, value of its first-child slot)
     i64 tick = 0, draws = 0;
     while (!layer.empty() && b.n() <= budget) {
         std::vector<i64> nodes;
-        for (auto& [u, v] : layer) nodes.push_back(u);
+        double vmax = 0.0;
+        for (auto& [u, v] : layer) { nodes.push_back(u); vmax = std::max(vmax, v); }
+        if (pace.on && b.n() > 1 && !pace.pays(b.n() - 1, vmax, 0.0, true)) { cut = true; break; }   // the layer's call would not pay
         auto res = b.rows_for(nodes);                         // one batched draft call for the whole layer
+        if (pace.on) for (i64 i = 0; i < (i64)res.size(); ++i) {
+            if (i == 0) pace.called(res[i]->collision()); else pace.fetched(res[i]->collision());
+        }
         std::priority_queue<Slot, std::vector<Slot>, SlotOrder> heap;
         for (i64 i = 0; i < (i64)layer.size(); ++i) heap.push({layer[i].second, tick++, i});   // node: index in layer
         std::vector<std::pair<i64, double>> nxt;
@@ -240,15 +287,17 @@ py::tuple dyspec_threshold(i64 root, py::function expand, i64 budget,
             Slot s = heap.top(); heap.pop();
             Residual& R = *res[s.node];
             i64 u = layer[s.node].first;
+            if (pace.on && !pace.pays(b.n() - 1, s.v, R.collision(), false)) { cut = true; continue; }   // drop this slot
             auto [y, r] = R.draw(us[draws++]);
             i64 child = b.add(y, u, s.v);
+            if (pace.on) pace.drew(s.v, r);
             R.remove(y);
             if (s.v * (1 - r) >= threshold && !R.exhausted()) heap.push({s.v * (1 - r), tick++, s.node});
             if (s.v * r >= threshold && (max_depth < 0 || b.depths[child] < max_depth)) nxt.push_back({child, s.v * r});
         }
         layer = std::move(nxt);
     }
-    return b.result();
+    return py::make_tuple(b.tokens, b.parents, b.scores, cut);
 }
 
 // ---- EAGLE-2's tree ----
@@ -366,9 +415,10 @@ PYBIND11_MODULE(_native, m) {
     m.doc() = "DySpec tree builders in C++ (see nbs/11_native.ipynb)";
     m.attr("BLOCK") = BLOCK;
     m.def("dyspec_greedy", &dyspec_greedy, py::arg("root"), py::arg("expand"), py::arg("budget"), py::arg("uniforms"),
-          py::arg("max_depth") = -1, py::arg("atol") = 1e-3);
+          py::arg("max_depth") = -1, py::arg("atol") = 1e-3, py::arg("verify") = py::none(), py::arg("call") = 0.0, py::arg("scale") = 1.0);
     m.def("dyspec_threshold", &dyspec_threshold, py::arg("root"), py::arg("expand"), py::arg("budget"),
-          py::arg("uniforms"), py::arg("threshold"), py::arg("max_depth") = -1, py::arg("atol") = 1e-3);
+          py::arg("uniforms"), py::arg("threshold"), py::arg("max_depth") = -1, py::arg("atol") = 1e-3,
+          py::arg("verify") = py::none(), py::arg("call") = 0.0, py::arg("scale") = 1.0);
     m.def("eagle2", &eagle2, py::arg("root"), py::arg("expand"), py::arg("budget"), py::arg("topk"), py::arg("depth"),
           py::arg("atol") = 1e-3);
     m.def("draw_from_row", &draw_from_row, py::arg("row"), py::arg("drawn"), py::arg("u"));

@@ -37,7 +37,9 @@ def _rows_array(rows):
 def build_native(kind,            # 'greedy' (Algorithm 1), 'threshold' (Algorithm 2) or 'eagle2' (EAGLE-2's beam and rerank)
                  root_token, draft, budget,
                  uniforms=None,   # FloatTensor[budget] (float64): the uniform of the k-th draw (DySpec's builders)
-                 threshold=None, max_depth=None, topk=None, depth=None):
+                 threshold=None, max_depth=None, topk=None, depth=None,
+                 costs=None,      # a builders.StepCosts (checked by the caller) for the cost rule of DySpec's builders
+                 report=None):    # a dict that receives 'cut': whether the threshold builder's cost rule dropped a slot
     "`(tree, q)` built by the C++ builder; the builders' `backend` option calls this after checking their arguments."
     native_available(required=True)
     calls = []                                                # (nodes LongTensor[k], rows FloatTensor[k, V]) per draft call
@@ -53,8 +55,11 @@ def build_native(kind,            # 'greedy' (Algorithm 1), 'threshold' (Algorit
         mode = DETERMINISTIC
     else:
         us = uniforms.to(torch.float64).contiguous().numpy()
-        if kind == 'greedy': tokens, parents, scores = _native.dyspec_greedy(root_token, expand, budget, us, md)
-        elif kind == 'threshold': tokens, parents, scores = _native.dyspec_threshold(root_token, expand, budget, us, threshold, md)
+        cost = {} if costs is None else dict(verify=list(costs.verify), call=costs.call, scale=costs.scale)
+        if kind == 'greedy': tokens, parents, scores = _native.dyspec_greedy(root_token, expand, budget, us, md, **cost)
+        elif kind == 'threshold':
+            tokens, parents, scores, cut = _native.dyspec_threshold(root_token, expand, budget, us, threshold, md, **cost)
+            if report is not None: report['cut'] = cut
         else: raise ValueError(f"kind must be 'greedy', 'threshold' or 'eagle2', got {kind!r}")
         keep, mode = list(range(len(tokens))), WITHOUT_REPLACEMENT   # DySpec's builders keep every node they add
     new = torch.full((len(tokens),), -1, dtype=torch.long); new[keep] = torch.arange(len(keep))   # node -> index kept

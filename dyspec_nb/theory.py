@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['kl', 'binary_kl', 'min_target_prob', 'acceptance_bound', 'random_pair', 'token_acceptance', 'binned_mean', 'MarkovLM',
            'draw_probs', 'node_values', 'path_probs', 'open_slot_values', 'expected_accepted_eq2', 'estimated_accepted',
-           'greedy_subtree', 'best_subtree_value', 'lcrs_parents', 'positional_greedy']
+           'greedy_subtree', 'best_subtree_value', 'lcrs_parents', 'positional_greedy', 'first_unpaid', 'best_size']
 
 # %% ../nbs/00_theory.ipynb #40fdf4f8
 import heapq, itertools, math
@@ -249,3 +249,17 @@ def positional_greedy(acceptance, n):
         heapq.heappush(heap, (-f[i] * p[0], next(tick), i, 0))
         if k + 1 < len(p): heapq.heappush(heap, (-f[u] * p[k + 1], next(tick), u, k + 1))
     return sum(f), parents
+
+# %% ../nbs/00_theory.ipynb #059fcc80
+def first_unpaid(gains, t):
+    "The n at which the cost rule stops: the first n with g[n+1] t(n) <= (1 + G_n) (t(n+1) - t(n)); gains[k-1] = g_k, t[n] for n = 0..len(gains)."
+    G = 0.0
+    for n, g in enumerate(gains):
+        if not g * t[n] > (1.0 + G) * (t[n + 1] - t[n]): return n
+        G += g
+    return len(gains)
+
+def best_size(gains, t):
+    "argmax_n (1 + G_n) / t(n) by brute force (the smallest n among ties)."
+    G = torch.cat([torch.zeros(1, dtype=torch.float64), torch.as_tensor(gains, dtype=torch.float64).cumsum(0)])
+    return int(((1 + G) / torch.as_tensor(t, dtype=torch.float64)).argmax())

@@ -58,6 +58,10 @@ class DraftResidual:
             self.w[self.drawn] = 0.
     @property
     def exhausted(self): return not self.w.sum() > 0
+    def collision(self):
+        "Expected probability r of the next child's token before it is drawn: sum of squared residual probabilities."
+        s = self.w.sum()
+        return float((self.w * self.w).sum() / (s * s))
 
 # %% ../nbs/01_tree.ipynb #40163c4b
 def check_distributions(rows, name='rows', n=None, V=None, atol=1e-3):
