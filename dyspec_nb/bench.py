@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['DATASETS', 'DYSPEC_FAMILY', 'QUICK', 'FULL', 'Method', 'parse_method', 'measure_costs', 'cost_ratio',
            'calibrate_acceptance', 'sequoia_depth', 'mean_se', 'paired_test', 'load_prompts', 'compare_cells', 'bench',
-           'bench_markdown', 'plot_bench', 'write_bench', 'bench_builders']
+           'bench_markdown', 'plot_bench', 'write_record', 'write_bench', 'bench_builders']
 
 # %% ../nbs/14_bench.ipynb #09558b37
 import json, math, platform, time
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from .builders import BUILDERS, DEFAULT_ACCEPTANCE, sequoia_dp
+from .builders import BUILDERS, DEFAULT_ACCEPTANCE, sequoia_dp, COST_AWARE
 from .native import bank_draft
 from .calibration import estimate_acceptance
 from .engine import SpecDecoder, GenerationStats, PHASES, teacher_forced_rows
@@ -30,7 +30,8 @@ class Method:
     builder: str
     options: tuple = ()        # ((name, value), ...): hashable
     def fits(self, budget):
-        "Whether the method can run at `budget` draft tokens."
+        "Whether the method can run at `budget` draft tokens ('auto': only DySpec's cost-aware builders)."
+        if budget == 'auto': return self.builder in COST_AWARE
         o = dict(self.options)
         return self.builder != 'specinfer' or 'k' not in o or o['k'] * o['depth'] <= budget
 
@@ -167,13 +168,15 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
     if not ms: raise ValueError("no methods to benchmark")
     if not prompts or any(len(v) == 0 for v in prompts.values()): raise ValueError("every dataset needs at least one prompt")
     for b in budgets:
-        if isinstance(b, bool) or not isinstance(b, int) or b < 1: raise ValueError(f"budgets must be positive integers, got {b!r}")
+        if b != 'auto' and (isinstance(b, bool) or not isinstance(b, int) or b < 1):
+            raise ValueError(f"budgets must be 'auto' or positive integers, got {b!r}")
+    fixed = [b for b in budgets if b != 'auto']
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     for T in list(temperatures) + [draft_temperature]: sampling_probs(torch.zeros(1, 2), T)     # validates
     spec = [m for m in ms if m.builder != 'autoregressive']
     t_start = time.perf_counter()
-    costs = costs or measure_costs(target, draft, sizes=sorted({1, 2, 4, 8, 16} | {b + 1 for b in budgets}))
+    costs = costs or measure_costs(target, draft, sizes=sorted({1, 2, 4, 8, 16} | {b + 1 for b in fixed}))
     record = dict(command=command, settings=dict(methods=[m.label for m in ms], temperatures=list(temperatures), budgets=list(budgets),
                   datasets={k: len(v) for k, v in prompts.items()}, max_new_tokens=max_new_tokens, draft_temperature=draft_temperature,
                   seed=seed, calibration_prompts=len(calibration or []), calibration_tokens=calibration_tokens),
@@ -191,7 +194,7 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
                 record['calibration'][Tk] = acc
             else: acc = DEFAULT_ACCEPTANCE
             record['sequoia'][Tk] = {}
-            for b in budgets:
+            for b in fixed:
                 d, s = sequoia_depth(acc, b, costs, sequoia_max_depth)
                 record['sequoia'][Tk][str(b)] = dict(max_depth=d, predicted_speedup=s)
         for ds, prs in prompts.items():
@@ -299,22 +302,27 @@ def plot_bench(record, path=None, key='accepted_per_step'):
     if path is not None: fig.savefig(path, dpi=110); plt.close(fig)
     return fig
 
+def write_record(record, out, markdown):
+    "Write `record` to `out` (.json) and `markdown`, headed by the record's command, beside it (.md); returns `out` as a Path."
+    out = Path(out); out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1, default=str) + '\n')
+    md = (f"`{record['command']}`\n\n" if record.get('command') else '') + markdown
+    out.with_suffix('.md').write_text(md + '\n')
+    return out
+
 def write_bench(record, out):
     "Write `out` (.json), the Markdown tables beside it (.md) and the plots (.png: accepted/step; _speedup.png)."
-    out = Path(out); out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1) + '\n')
-    md = (f"`{record['command']}`\n\n" if record.get('command') else '') + bench_markdown(record)
-    out.with_suffix('.md').write_text(md + '\n')
+    out = write_record(record, out, bench_markdown(record))
     plot_bench(record, out.with_suffix('.png'))
     plot_bench(record, out.with_name(out.stem + '_speedup.png'), key='speedup')
     return out
 
 # %% ../nbs/14_bench.ipynb #5c09074b
-QUICK = dict(methods=list(BUILDERS), budgets=[16], temperatures=[0.0, 0.6], datasets=['mtbench'], prompts=1, max_new_tokens=16,
+QUICK = dict(methods=list(BUILDERS), budgets=['auto', 16], temperatures=[0.0, 0.6], datasets=['mtbench'], prompts=1, max_new_tokens=16,
              calibration_prompts=1, calibration_tokens=16)
 FULL = dict(methods=['dyspec', 'dyspec_threshold', 'dyspec_adaptive', 'sequoia', 'specinfer', 'specinfer:5x8', 'specinfer:8x8',
                      'opt_tree', 'c2t', 'chain'],
-            budgets=[16, 64], temperatures=[0.0, 0.6], datasets=['mtbench', 'sharegpt'], prompts=3, max_new_tokens=32,
+            budgets=['auto', 16, 64], temperatures=[0.0, 0.6], datasets=['mtbench', 'sharegpt'], prompts=3, max_new_tokens=32,
             calibration_prompts=8, calibration_tokens=48)
 
 # %% ../nbs/14_bench.ipynb #5e1672aa

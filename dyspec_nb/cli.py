@@ -11,12 +11,14 @@ import argparse, json, re, shlex, subprocess, sys, time
 from pathlib import Path
 import torch
 from tqdm.auto import tqdm
-from .builders import BUILDERS
+from .builders import BUILDERS, COST_AWARE
 from .verify import sampling_probs
 from .lossless import benchmark_pair, compare_builders, markdown_table
 from .models import load_pair, chat_ids
 from .data import sharegpt_prompts
 from .engine import SpecDecoder
+from .cost import cost_model
+from .peers import hf_generate
 from .bench import QUICK, FULL, DATASETS, parse_method, load_prompts, bench, bench_markdown, write_bench
 
 # %% ../nbs/09_cli.ipynb #5ff7acf7
@@ -32,7 +34,7 @@ class TextStream:
 
 def generate_text(dec, tokenizer, messages, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0, draft_temperature=0.6,
                   seed=None, baseline=True, out=None, err=None):
-    "Stream the answer to `messages` with `dec` (a SpecDecoder); print a summary line; return (text, stats, baseline stats)."
+    "Stream the answer to `messages` with `dec` (a SpecDecoder); print a summary line; return (text, stats, target.generate's seconds per token or None)."
     out, err = out or sys.stdout, err or sys.stderr
     ids = chat_ids(tokenizer, messages)
     opts = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, draft_temperature=draft_temperature, seed=seed)
@@ -40,12 +42,14 @@ def generate_text(dec, tokenizer, messages, max_new_tokens=128, temperature=0.0,
     res = dec.generate(ids, streamer=stream, **opts)
     out.write('\n'); out.flush()
     s = res.stats
-    line = (f"[{dec.method}, budget {dec.budget}] {s.new_tokens} tokens in {s.steps} steps: "
+    line = (f"[{dec.method}, budget {dec.budget_label}] {s.new_tokens} tokens in {s.steps} steps: "
             f"{s.accepted_per_step:.2f} accepted draft tokens/step, {1e3 * s.seconds_per_token:.1f} ms/token")
     base = None
-    if baseline and dec.method != 'autoregressive':
-        base = SpecDecoder(dec.target, None, 'autoregressive').generate(ids, **opts).stats
-        line += f"; autoregressive {1e3 * base.seconds_per_token:.1f} ms/token: speedup {base.seconds_per_token / s.seconds_per_token:.2f}x"
+    if baseline and dec.method != 'autoregressive':                   # what a user would otherwise run: target.generate
+        toks, secs = hf_generate(dec.target, ids, max_new_tokens, temperature, 0 if seed is None else seed,
+                                 **(dict(top_p=top_p, top_k=top_k) if temperature > 0 else {}))
+        base = secs / max(1, len(toks))
+        line += f"; target.generate {1e3 * base:.1f} ms/token: speedup {base / s.seconds_per_token:.2f}x"
     print(line, file=err)
     return stream.text, s, base
 
@@ -123,6 +127,10 @@ def _positive(kind):
         return v
     return f
 
+def _budget(x):
+    "A --budget value: 'auto' or a positive integer."
+    return 'auto' if x == 'auto' else _positive(int)(x)
+
 def _non_negative(x):
     v = float(x)
     if v < 0: raise argparse.ArgumentTypeError(f"must be >= 0, got {x}")
@@ -132,7 +140,7 @@ def bench_parser(p):
     "Add `dyspec bench`'s options to the argparse parser `p`."
     p.add_argument('--quick', action='store_true', help='a smoke-sized grid (every builder, one prompt, about two minutes on 2 cores); other options override it')
     p.add_argument('--methods', nargs='+', default=None, help=f"methods (default: {' '.join(FULL['methods'])}); specinfer:KxD for a shape")
-    p.add_argument('--budgets', type=_positive(int), nargs='+', default=None, help='tree budgets (default 16 64)')
+    p.add_argument('--budgets', type=_budget, nargs='+', default=None, help="tree budgets: 'auto' (the cost rule, DySpec's builders) or N (default auto 16 64)")
     p.add_argument('--temperatures', type=_non_negative, nargs='+', default=None, help='target temperatures (default 0 0.6)')
     p.add_argument('--datasets', nargs='+', choices=DATASETS, default=None, help='prompt sets (default mtbench sharegpt)')
     p.add_argument('--prompts', type=_positive(int), default=None, help='prompts per dataset (default 3)')
@@ -152,7 +160,7 @@ def bench_run(args, argv=()):
     for k in ('methods', 'budgets', 'temperatures', 'datasets', 'prompts', 'max_new_tokens', 'calibration_prompts'):
         if getattr(args, k) is not None: s[k] = getattr(args, k)
     for m in s['methods']: parse_method(m)                  # fail on a typo before loading anything
-    if max(s['budgets']) > 1024: raise SystemExit('dyspec bench: budgets above 1024 would take hours on a CPU')
+    if max([b for b in s['budgets'] if b != 'auto'], default=0) > 1024: raise SystemExit('dyspec bench: budgets above 1024 would take hours on a CPU')
     target, draft, tok = load_pair(args.target, args.draft)
     prompts = {ds: load_prompts(tok, ds, s['prompts']) for ds in s['datasets']}
     cal = sharegpt_prompts(tok, 'train', s['calibration_prompts'], max_tokens=256, seed=1) if s['calibration_prompts'] else None
@@ -181,7 +189,10 @@ def main(argv=None):
         gp = sub.add_parser(name, help=hlp + ' (embedded pair unless --target/--draft)')
         if name == 'generate': gp.add_argument('prompt', help='the user message')
         gp.add_argument('--method', default='dyspec', help='a tree builder or autoregressive (default dyspec)')
-        gp.add_argument('--budget', type=_positive(int), default=16, help='draft tokens per step (default 16)')
+        gp.add_argument('--budget', type=_budget, default=None,
+                        help="draft tokens per step: 'auto' (the cost rule; default for dyspec, dyspec_threshold, dyspec_adaptive) or N (default 16 for the others)")
+        gp.add_argument('--max-budget', type=_positive(int), default=None, help="with --budget auto: at most this many draft tokens per step (default 64)")
+        gp.add_argument('--refresh-costs', action='store_true', help="measure this machine's cost model again (a few seconds) instead of reading the cached one")
         gp.add_argument('--temperature', type=_non_negative, default=0.0, help='target temperature; 0 is greedy (default)')
         gp.add_argument('--top-p', type=float, default=1.0, help='nucleus sampling mass, in (0, 1]')
         gp.add_argument('--top-k', type=int, default=0, help='keep the k most likely tokens; 0 keeps all')
@@ -218,7 +229,9 @@ def main(argv=None):
         if args.command == 'generate' and not args.prompt.strip(): parser.error('the prompt is empty')
         try:
             target, draft, tok = load_pair(args.target, args.draft)
-            dec = SpecDecoder(target, draft, args.method, args.budget)
+            budget = args.budget or ('auto' if args.method in COST_AWARE else 16)
+            costs = cost_model(target, draft, refresh=True) if args.refresh_costs and budget == 'auto' and draft is not None else None
+            dec = SpecDecoder(target, draft, args.method, budget, max_budget=args.max_budget, costs=costs)
         except ValueError as e: parser.error(str(e))
         opts = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                     draft_temperature=args.draft_temperature, seed=args.seed, baseline=args.baseline)
