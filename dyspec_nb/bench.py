@@ -19,6 +19,7 @@ from .native import bank_draft
 from .calibration import estimate_acceptance
 from .engine import SpecDecoder, GenerationStats, PHASES, teacher_forced_rows
 from .kv import forward_seconds
+from .cost import interpolate
 from .verify import sampling_probs
 from .data import mtbench_prompts, sharegpt_prompts
 
@@ -58,9 +59,7 @@ def measure_costs(target, draft=None, sizes=(1, 2, 4, 8, 16, 32, 64, 128), prefi
 
 def cost_ratio(costs, n):
     "t(n)/t(1), interpolated linearly between measured sizes (and extrapolated from the last two)."
-    xs = sorted(int(k) for k in costs['ratio']); ys = [costs['ratio'][k] if k in costs['ratio'] else costs['ratio'][str(k)] for k in xs]
-    if n <= xs[-1]: return float(np.interp(n, xs, ys))
-    return float(ys[-1] + (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) * (n - xs[-1]))
+    return float(interpolate({int(k): v for k, v in costs['ratio'].items()}, n))      # keys are strings after JSON
 
 # %% ../nbs/14_bench.ipynb #de8b9fef
 def calibrate_acceptance(target, draft, prompts, temperature=0.0, draft_temperature=0.6, new_tokens=32, k=16, seed=0, draws=2):

@@ -9,7 +9,7 @@ __all__ = ['MAX_BUDGET', 'DEFAULT_ACCEPTANCE', 'BUILDERS', 'COST_AWARE', 'dyspec
            'top_children', 'eagle2', 'run_options']
 
 # %% ../nbs/02_builders.ipynb #9e7a35ec
-import heapq, itertools, json, math, operator
+import copy, heapq, itertools, json, math, operator
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -235,6 +235,12 @@ class StepCosts:
         object.__setattr__(self, 'verify', tuple(convex_minorant(v).tolist())); object.__setattr__(self, 'call', c)
     @property
     def cap(self): return len(self.verify) - 1
+    def with_scale(self, scale):
+        "These costs with another calibration `scale` (the curve, already checked and convex, is not processed again)."
+        scale = float(scale)
+        if not (math.isfinite(scale) and scale > 0): raise ValueError(f"scale must be a positive number, got {scale!r}")
+        out = copy.copy(self); object.__setattr__(out, 'scale', scale)
+        return out
 
 class _Pace:
     "The cost rule while a tree grows: estimated accepted tokens so far, draft calls, and whether the next draw pays."

@@ -9,7 +9,7 @@ __all__ = ['PHASES', 'AUTO_CAP', 'PROBE_EVERY', 'StepRecord', 'StepTrace', 'Gene
 
 # %% ../nbs/08_engine.ipynb #66171767
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
@@ -267,7 +267,7 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
         while len(seq) - n_prompt < max_new_tokens:
             budget = 0 if self.method == 'autoregressive' else min(self.budget, ctx - len(seq))   # no node past the context
             if self.auto:
-                options['costs'] = c = replace(self.options['costs'], scale=calib[0] / calib[1])
+                options['costs'] = c = self.options['costs'].with_scale(calib[0] / calib[1])
                 if budget and skipped < PROBE_EVERY - 1 and not root_call_pays(c, calib[0] / calib[2]): budget = 0
                 skipped = 0 if budget else skipped + 1
             out, rec = decode_step(self.target, self.draft, seq, tcache, dcache, build, budget, g, sampling=sampling,
