@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['TextStream', 'generate_text', 'chat', 'compare', 'compare_markdown', 'render_readme', 'bench_parser', 'bench_run',
-           'main', 'cuda_notebooks', 'gpu_check']
+           'train_draft_run', 'main', 'cuda_notebooks', 'gpu_check']
 
 # %% ../nbs/09_cli.ipynb #3bcb6f1c
 import argparse, json, re, shlex, subprocess, sys, time
@@ -14,7 +14,9 @@ from tqdm.auto import tqdm
 from .builders import BUILDERS, COST_AWARE
 from .verify import sampling_probs
 from .lossless import benchmark_pair, compare_builders, markdown_table
-from .models import load_pair, chat_ids
+from .models import DEFAULT_DRAFT, load_pair, load_local_target, chat_ids
+from .head_recipe import HeadRecipe, build_head
+from .head import HeadTrainConfig
 from .data import sharegpt_prompts
 from .engine import SpecDecoder
 from .cost import cost_model
@@ -171,6 +173,17 @@ def bench_run(args, argv=()):
     print(f"\nwrote {args.out}, {args.out.with_suffix('.md')} and the plots beside them ({rec['seconds']:.0f} s)", file=sys.stderr)
     return rec
 
+def train_draft_run(args):
+    "`dyspec train-draft`: the head recipe of 07d_head_recipe for `--target`, written to `--out` with its record; None if `--out` is in use."
+    out = Path(args.out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())): return None
+    r = HeadRecipe(seed=args.seed)
+    if args.conversations: r.n_chats, r.n_val = args.conversations, max(1, min(r.n_val, args.conversations // 8))
+    if args.steps: r.train = HeadTrainConfig(**{**r.train.__dict__, 'steps': args.steps, 'eval_every': max(1, min(r.train.eval_every, args.steps))})
+    target, tok = load_local_target(args.target)
+    head, rec = build_head(target, tok, out, r, args.minutes, results=out / 'recipe.json', progress=not args.quiet)
+    return rec
+
 def main(argv=None):
     "Entry point of the `dyspec` command."
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -200,7 +213,8 @@ def main(argv=None):
         gp.add_argument('--max-new-tokens', type=_positive(int), default=256)
         gp.add_argument('--seed', type=int, default=None)
         gp.add_argument('--target', default=None, help='target model: a local folder or a cached name (default: embedded SmolLM2-135M-Instruct)')
-        gp.add_argument('--draft', default=None, help='draft model: a local folder or a cached name (default: the shipped draft)')
+        gp.add_argument('--draft', default=None, help=f"draft: 'token' (the shipped token draft) or 'head' (the shipped feature head), default {DEFAULT_DRAFT!r}; "
+                                                       "or a local folder (a causal LM, or a head from dyspec train-draft)")
         gp.add_argument('--no-baseline', dest='baseline', action='store_false', default=name == 'generate',
                         help='skip the autoregressive run that measures the speedup')
         if name == 'chat': gp.add_argument('--baseline', dest='baseline', action='store_true', help='measure the speedup of every answer')
@@ -210,6 +224,14 @@ def main(argv=None):
     d = sub.add_parser('docs', help='build the documentation site into _docs/ (--check: check it in headless Chromium)')
     if docs_parser is not None: docs_parser(d)
     sub.add_parser('gpu-check', help='run every #| cuda cell on this CUDA machine and write results/*_gpu.json')
+    t = sub.add_parser('train-draft', help="train a feature head (an EAGLE-style draft) for a target on this machine, in at most --minutes")
+    t.add_argument('--target', default=None, help='target model: a local folder with its tokenizer, or a cached name (default: the embedded one)')
+    t.add_argument('--out', type=Path, required=True, help='folder for the head (config.json, model.safetensors) and its record (recipe.json)')
+    t.add_argument('--minutes', type=_positive(float), default=60.0, help='time limit of the whole run, target features and training (default 60)')
+    t.add_argument('--conversations', type=_positive(int), default=None, help='ShareGPT training conversations the target reads (default 1000)')
+    t.add_argument('--steps', type=_positive(int), default=None, help='training steps (default 900)')
+    t.add_argument('--seed', type=int, default=0)
+    t.add_argument('--quiet', action='store_true', help='no progress bars')
     r = sub.add_parser('readme', help='regenerate README.md from nbs/index.ipynb')
     r.add_argument('--index', type=Path, default=Path('nbs/index.ipynb'))
     r.add_argument('--out', type=Path, default=Path('README.md'))
@@ -249,6 +271,12 @@ def main(argv=None):
         try: written = gpu_check()
         except RuntimeError as e: parser.error(str(e))
         print("GPU check passed; wrote", *written, sep='\n  ')
+    elif args.command == 'train-draft':
+        try: rec = train_draft_run(args)
+        except ValueError as e: parser.error(str(e))
+        if rec is None: parser.error(f"--out {args.out} exists and is not an empty folder")
+        print(f"wrote {args.out}: {rec['params'] / 1e6:.1f} M parameters ({rec['size_mb']:.1f} MB), {rec['steps_done']} steps, "
+              f"{rec['seconds']['total'] / 60:.1f} min; validation top-1 agreement at depth 1: {rec['history']['val_agreement'][-1][0]:.3f}", file=sys.stderr)
     elif args.command == 'readme':
         if not args.index.exists(): parser.error(f"{args.index} not found (run from the project root)")
         args.out.write_text(render_readme(args.index))

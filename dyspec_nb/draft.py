@@ -5,8 +5,8 @@
 # %% auto #0
 __all__ = ['DraftConfig', 'DraftEmbedding', 'DraftForCausalLM', 'TeacherSeq', 'topk_logprobs', 'teacher_batch', 'teacher_data',
            'length_batches', 'teacher_scores', 'teacher_mass', 'choose_vocab', 'draft_from_target', 'distill_loss',
-           'TrainConfig', 'make_batches', 'collate', 'stored_metrics', 'train_draft', 'continuation_metrics',
-           'vocab_coverage', 'draft_dir', 'load_draft']
+           'TrainConfig', 'warmup_cosine', 'make_batches', 'collate', 'stored_metrics', 'train_draft',
+           'continuation_metrics', 'vocab_coverage', 'draft_dir', 'load_draft']
 
 # %% ../nbs/07_draft.ipynb #4899cafd
 import hashlib, json, math, time
@@ -255,6 +255,12 @@ class TrainConfig:
     tau: float = 1.0
     eval_every: int = 250            # steps between validation passes (when `train_draft` gets validation data)
 
+def warmup_cosine(cfg, s):
+    "The learning rate at step `s` of `cfg` (lr, warmup, steps, min_lr_frac): linear warm-up, then cosine decay to `min_lr_frac` of the peak."
+    if s < cfg.warmup: return cfg.lr * (s + 1) / cfg.warmup
+    f = min(1.0, (s - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+    return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * f)))
+
 def make_batches(data, batch_tokens):
     "Lists of indices into `data` (TeacherSeq): similar lengths together, each batch at most `batch_tokens` padded tokens."
     return length_batches([len(s.ids) for s in data], batch_tokens)
@@ -293,10 +299,6 @@ def train_draft(draft, data, cfg=TrainConfig(), progress=True, log_every=50, val
     emb = draft.model.embed_tokens; K = emb.weight.shape[0]
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.98), weight_decay=cfg.weight_decay)
-    def lr_at(s):
-        if s < cfg.warmup: return cfg.lr * (s + 1) / cfg.warmup
-        f = (s - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
-        return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * f)))
     draft.train(); hist = dict(step=[], loss=[], tokens=[], time=[], val_step=[], val_agreement=[], val_kl=[])
     t0 = time.time(); seen = 0; acc, accw = 0.0, 0.0
     def validate(s):
@@ -308,7 +310,7 @@ def train_draft(draft, data, cfg=TrainConfig(), progress=True, log_every=50, val
     for s in pbar:
         if not order: order = torch.randperm(len(batches), generator=g).tolist()
         ids, tid, tp, w = collate(data, batches[order.pop()], emb.token_map, K, cfg.prompt_weight)
-        for gr in opt.param_groups: gr['lr'] = lr_at(s)
+        for gr in opt.param_groups: gr['lr'] = warmup_cosine(cfg, s)
         h = draft.model(input_ids=ids, use_cache=False).last_hidden_state[:, :-1]              # [b, L-1, H]
         loss = (distill_loss(draft.reduced_logits(h), tid, tp, cfg.tau) * w).sum() / w.sum()
         opt.zero_grad(set_to_none=True); loss.backward()

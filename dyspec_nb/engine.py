@@ -20,6 +20,7 @@ from .tree_attention import tree_mask, register_tree_attention, kernel_verified
 from .small_linear import use_small_linear
 from .kv import DraftSession, additive_mask, forward, prefill, keep_positions, input_device
 from .cost import CostModel, cost_model
+from .head import HeadSession, HeadCache, is_head, check_head_target, unrolled_logits
 
 # %% ../nbs/08_engine.ipynb #aa9a1d48
 @dataclass
@@ -112,7 +113,7 @@ def _check_cap(name, value):
     return value
 
 class SpecDecoder:
-    "Speculative decoding of a Hugging Face target with a draft of the same vocabulary, using any builder in `BUILDERS`."
+    "Speculative decoding of a Hugging Face target with a draft of the same vocabulary (a causal LM or a `FeatureHead`), using any builder in `BUILDERS`."
     def __init__(self, target, draft=None, method='dyspec',
                  budget='auto',      # draft tokens per step: 'auto' (the cost rule decides, DySpec's builders) or an integer
                  prefetch=True,
@@ -138,6 +139,7 @@ class SpecDecoder:
                 budget = _check_cap('budget', budget)
                 if max_budget is not None: raise ValueError(f"max_budget caps budget='auto'; a fixed budget ({budget}) is its own cap")
                 if costs is not None: raise ValueError("costs= is for budget='auto'; a fixed budget does not use the cost model")
+            if is_head(draft): check_head_target(draft.config, target)      # ValueError naming the mismatch
             vt, vd = _vocab_size(target), _vocab_size(draft)
             if vt != vd or target.config.vocab_size != draft.config.vocab_size:
                 raise ValueError(f"target and draft vocabularies differ: target has {vt} logits "
@@ -172,9 +174,10 @@ def decode_step(target, draft, seq, tcache, dcache, build, budget, generator, *,
     "One speculative step after `seq` (list of ids): draft a tree, verify it with one target forward, keep the accepted path in both caches; `(tokens, record)`."
     t_step = time.perf_counter()
     L, session, q = len(seq), None, None
+    head = is_head(draft)                                                      # a feature head reads the target's hidden states
     if budget < 1: tree = TokenTree([seq[-1]], [-1])                           # autoregressive: the root alone
     else:
-        session = DraftSession(draft, dcache, seq, draft_sampling or {}, prefetch)
+        session = (HeadSession if head else DraftSession)(draft, dcache, seq, draft_sampling or {}, prefetch)
         tree, q = build(seq[-1], session, budget, generator, **(options or {}))   # q: [n, V]
     t_built = time.perf_counter()
     order = None
@@ -183,7 +186,8 @@ def decode_step(target, draft, seq, tcache, dcache, build, budget, generator, *,
         tree, q = tree.permute(order), q[order]
     mask = additive_mask(tree_mask(tree, L - 1), target.dtype)                 # [1, 1, n, L - 1 + n]
     t_mask = time.perf_counter()
-    logits = forward(target, tree.tokens, tree.position_ids(L - 1), mask, tcache)    # [n, V]
+    logits = forward(target, tree.tokens, tree.position_ids(L - 1), mask, tcache, hidden=draft.config.layers if head else None)   # [n, V]
+    if head: logits, feats = logits                                            # feats: [n, 3H]
     t_target = time.perf_counter()
     p = sampling_probs(logits, **(sampling or {}))                             # [n, V]
     if q is None: q = torch.zeros_like(p)
@@ -196,6 +200,7 @@ def decode_step(target, draft, seq, tcache, dcache, build, budget, generator, *,
         if tok in eos: out = out[:i + 1]; break
     if max_tokens is not None: out = out[:max_tokens]
     keep_positions(tcache, torch.cat([torch.arange(L - 1), L - 1 + torch.tensor([0] + nodes, dtype=torch.long)]))
+    if head: dcache.add_features(feats[torch.tensor([0] + nodes, dtype=torch.long)], L - 1)   # positions L-1.. of the kept path
     if session is not None: session.keep_path(nodes if order is None else order[nodes].tolist())   # the draft's numbering
     t_end = time.perf_counter()
     d = session.seconds if session is not None else 0.0
@@ -253,10 +258,12 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
     g.manual_seed(torch.seed() if seed is None else seed)
     eos = _eos_ids(self.target, eos_token_id)
     stats = GenerationStats()
-    tcache, dcache = DynamicCache(), DynamicCache()
+    head = is_head(self.draft)
+    tcache, dcache = DynamicCache(), (HeadCache() if head else DynamicCache())
     if len(seq) > 1:                                                          # target: everything but the root
         t0 = time.perf_counter()
-        prefill(self.target, torch.tensor(seq[:-1]), tcache, keep=torch.tensor([len(seq) - 2]))
+        out = prefill(self.target, torch.tensor(seq[:-1]), tcache, keep=torch.tensor([len(seq) - 2]), hidden=self.draft.config.layers if head else None)
+        if head: dcache.add_features(out[1], 0)                               # the head reads the prompt's features
         stats.prefill = time.perf_counter() - t0
     build = BUILDERS.get(self.method)
     options = run_options(build, self.options)                                # e.g. an adaptive threshold: fresh each call
@@ -329,5 +336,11 @@ def teacher_forced_rows(target, draft, prompt, new_tokens, temperature=0.0, draf
     "`(p, q)`, FloatTensor[m, V] each: the target's and the draft's sampling rows at the m positions of the target's continuation of `prompt`."
     n = len(_as_prompt(prompt))
     ids = torch.tensor([continuation(target, prompt, new_tokens, temperature, seed)])               # [1, n + m]
-    lt, ld = target(ids).logits[0, n - 1:-1].float(), draft(ids).logits[0, n - 1:-1].float()       # [m, V]: rows that predict it
+    if not is_head(draft): lt, ld = target(ids).logits[0, n - 1:-1].float(), draft(ids).logits[0, n - 1:-1].float()   # [m, V]: rows that predict it
+    else:                                                                                           # the head reads the target's features
+        if n < 2: raise ValueError("a feature head's rows need a prompt of at least two tokens")
+        o = target(ids, output_hidden_states=True)
+        feats = torch.cat([o.hidden_states[l] for l in draft.config.layers], -1)                   # [1, L, 3H]
+        r = unrolled_logits(draft, ids[:, 1:], feats[:, :-1], 1)[0][0]                             # [L-1, K]: index i is position i + 1
+        lt, ld = o.logits[0, n - 1:-1].float(), draft.full_logits(r[n - 2:-1]).float()
     return sampling_probs(lt, temperature), sampling_probs(ld, draft_temperature)

@@ -38,21 +38,25 @@ def _trims_logits(model):
     if model not in _TRIMS: _TRIMS[model] = 'logits_to_keep' in inspect.signature(model.forward).parameters
     return _TRIMS[model]
 
-def forward(model, ids, positions, mask, cache, keep=None):
-    "Logits (float32, CPU) of one cached forward, rows `keep` only if given: ids/positions LongTensor[q], mask [1, 1, q, k]."
+def forward(model, ids, positions, mask, cache, keep=None,
+            hidden=None):    # indices into the model's hidden_states: also return those layers' states, side by side
+    "Logits (float32, CPU) of one cached forward, rows `keep` only if given: ids/positions LongTensor[q], mask [1, 1, q, k]; with `hidden`, `(logits, FloatTensor[q, len(hidden) * H])`."
     dev = input_device(model)
     kw = dict(input_ids=ids[None].to(dev), position_ids=positions[None].to(dev), attention_mask=mask.to(dev),
               past_key_values=cache, use_cache=True)
     trimmed = keep is not None and _trims_logits(model)
     if trimmed: kw['logits_to_keep'] = keep.to(dev)          # skip the output layer for rows nobody reads
-    with torch.no_grad(): logits = model(**kw).logits[0]     # [q or len(keep), V]
+    if hidden: kw['output_hidden_states'] = True
+    with torch.no_grad(): out = model(**kw)
+    logits = out.logits[0]                                   # [q or len(keep), V]
     if keep is not None and not trimmed: logits = logits[keep.to(logits.device)]
-    return logits.float().cpu()
+    if not hidden: return logits.float().cpu()
+    return logits.float().cpu(), torch.cat([out.hidden_states[l][0] for l in hidden], -1).float().cpu()
 
-def prefill(model, ids, cache, keep=None):
+def prefill(model, ids, cache, keep=None, hidden=None):
     "`forward` of `ids` (LongTensor[n]) as a causal chain at positions 0..n-1, into an empty `cache`."
     n = len(ids)
-    return forward(model, ids, torch.arange(n), causal_mask(n, n, model.dtype), cache, keep=keep)
+    return forward(model, ids, torch.arange(n), causal_mask(n, n, model.dtype), cache, keep=keep, hidden=hidden)
 
 def cache_len(cache):
     "Number of cached positions."
@@ -107,13 +111,16 @@ class DraftSession:
         if new:
             ids = torch.tensor(self.pending + [toks[u] for u in new], dtype=torch.long)
             pos = torch.tensor(list(range(self.root_pos - c, self.root_pos)) + [self.root_pos + depth[u] for u in new], dtype=torch.long)
-            logits = forward(self.model, ids, pos, additive_mask(allowed, self.model.dtype), self.cache,
-                              keep=torch.arange(c, q))        # rows of the new tree nodes only
+            logits = self.logits(tree, new, ids, pos, additive_mask(allowed, self.model.dtype), c)   # [len(new), V]
             for u, row in zip(new, sampling_probs(logits, **self.sampling)): self.rows[u] = row
             self.pending, self.slot = [], slot
             self.computed += len(new)
         self.seconds += time.perf_counter() - t0; self.calls += 1
         return torch.stack([self.rows[u] for u in nodes.tolist()])   # [k, V]
+
+    def logits(self, tree, new, ids, pos, mask, c):
+        "The draft's logits [len(new), V] of one call: the c pending text tokens then the `new` tree nodes (ids, pos LongTensor[q]; mask [1, 1, q, P + q])."
+        return forward(self.model, ids, pos, mask, self.cache, keep=torch.arange(c, len(ids)))   # rows of the new tree nodes only
 
     def keep_path(self, nodes):
         "After verification: keep the text and the computed prefix of the accepted path `nodes` (root excluded, draft's numbering)."
