@@ -291,6 +291,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'dyspec_nb.head.save_head': ('head.html#save_head', 'dyspec_nb/head.py'),
                                 'dyspec_nb.head.target_features': ('head.html#target_features', 'dyspec_nb/head.py'),
                                 'dyspec_nb.head.target_fingerprint': ('head.html#target_fingerprint', 'dyspec_nb/head.py'),
+                                'dyspec_nb.head.teacher_features': ('head.html#teacher_features', 'dyspec_nb/head.py'),
                                 'dyspec_nb.head.tiny_head': ('head.html#tiny_head', 'dyspec_nb/head.py'),
                                 'dyspec_nb.head.tiny_samples': ('head.html#tiny_samples', 'dyspec_nb/head.py'),
                                 'dyspec_nb.head.token_rows': ('head.html#token_rows', 'dyspec_nb/head.py'),

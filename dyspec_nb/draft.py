@@ -99,6 +99,7 @@ class TeacherSeq:
     n_prompt: int            # tokens of prompt (positions n_prompt-1.. predict generated tokens)
     top_ids: torch.Tensor    # IntTensor[L-1, k]: target's top-k next tokens at positions 0..L-2
     top_logp: torch.Tensor   # HalfTensor[L-1, k]: their log-probabilities at temperature 1
+    feats: torch.Tensor = None  # HalfTensor[L-1, len(layers) * H]: the target's hidden states there (teacher_batch with `layers`)
 
 def topk_logprobs(logits, k):
     "(log-probs, ids) of the k most likely tokens of `logits` [..., V], without materialising the log-softmax."
@@ -106,16 +107,20 @@ def topk_logprobs(logits, k):
     return v - logits.logsumexp(-1, keepdim=True), i
 
 @torch.no_grad()
-def teacher_batch(target, prompts, new_tokens, k, temperatures, generator, eos_id=2, pad_id=2):
+def teacher_batch(target, prompts, new_tokens, k, temperatures, generator, eos_id=2, pad_id=2,
+                  layers=None):   # indices into the target's hidden_states: keep them too (a feature head's training data)
     "Generate from the target for a batch of prompts (LongTensor[1, L] each); a TeacherSeq per prompt."
     B, P = len(prompts), max(p.shape[1] for p in prompts)
     ids = torch.full((B, P), pad_id, dtype=torch.long); mask = torch.zeros(B, P, dtype=torch.long)
     for i, p in enumerate(prompts): ids[i, P - p.shape[1]:] = p[0]; mask[i, P - p.shape[1]:] = 1   # left padding
     pos = (mask.cumsum(-1) - 1).clamp(min=0)                                                   # [B, P]
     cache = DynamicCache()
-    logits = target(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True).logits
+    hid = dict(output_hidden_states=True) if layers else {}
+    feats = lambda o: torch.cat([o.hidden_states[l] for l in layers], -1).half() if layers else None   # [B, q, len(layers) * H]
+    o = target(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, **hid)
+    logits = o.logits
     tv, ti = topk_logprobs(logits, k)                                                          # [B, P, k]
-    rows_v, rows_i = [tv], [ti]
+    rows_v, rows_i, rows_f = [tv], [ti], [feats(o)]
     v, i = tv[:, -1], ti[:, -1]                                                                # [B, k]: last position
     del logits
     alive = torch.ones(B, dtype=torch.bool); gen = []
@@ -129,11 +134,12 @@ def teacher_batch(target, prompts, new_tokens, k, temperatures, generator, eos_i
         if t == new_tokens - 1 or not alive.any(): break
         mask = torch.cat([mask, torch.ones(B, 1, dtype=torch.long)], 1)
         pos = pos[:, -1:] + 1
-        lg = target(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True).logits
-        v, i = topk_logprobs(lg[:, -1], k)                                                     # [B, k]
-        rows_v.append(v[:, None]); rows_i.append(i[:, None])
+        o = target(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, **hid)
+        v, i = topk_logprobs(o.logits[:, -1], k)                                               # [B, k]
+        rows_v.append(v[:, None]); rows_i.append(i[:, None]); rows_f.append(feats(o))
     G = torch.stack(gen, 1)                                                                    # [B, T]
     RV, RI = torch.cat(rows_v, 1), torch.cat(rows_i, 1)                                        # [B, P + T - 1, k]
+    RF = torch.cat(rows_f, 1) if layers else None                                              # [B, P + T - 1, len(layers) * H]
     out = []
     for b, p in enumerate(prompts):
         g = G[b]
@@ -141,10 +147,11 @@ def teacher_batch(target, prompts, new_tokens, k, temperatures, generator, eos_i
         n_gen = int(end[0]) + 1 if len(end) else len(g)
         seq = torch.cat([p[0], g[:n_gen]])
         L, start = seq.numel(), P - p.shape[1]
-        out.append(TeacherSeq(seq, p.shape[1], RI[b, start:start + L - 1].int().clone(), RV[b, start:start + L - 1].half().clone()))
+        out.append(TeacherSeq(seq, p.shape[1], RI[b, start:start + L - 1].int().clone(), RV[b, start:start + L - 1].half().clone(),
+                              RF[b, start:start + L - 1].clone() if layers else None))
     return out
 
-def teacher_data(target, prompts, new_tokens=128, k=32, batch_size=64, sampled_every=2, temperature=0.6, seed=0, progress=True):
+def teacher_data(target, prompts, new_tokens=128, k=32, batch_size=64, sampled_every=2, temperature=0.6, seed=0, progress=True, layers=None):
     "TeacherSeq for each prompt: the target's continuation (sampled at `temperature` for every `sampled_every`-th prompt, greedy for the others; 0: all greedy) and its top-k."
     order = sorted(range(len(prompts)), key=lambda i: (prompts[i].shape[1], i))
     out = [None] * len(prompts)
@@ -152,7 +159,7 @@ def teacher_data(target, prompts, new_tokens=128, k=32, batch_size=64, sampled_e
     for bi, idx in enumerate(tqdm(batches, desc='target continuations', disable=not progress)):
         g = torch.Generator().manual_seed(seed * 1_000_003 + bi)
         temps = [temperature if sampled_every and j % sampled_every == sampled_every - 1 else 0.0 for j in idx]
-        for j, s in zip(idx, teacher_batch(target, [prompts[j] for j in idx], new_tokens, k, temps, g)): out[j] = s
+        for j, s in zip(idx, teacher_batch(target, [prompts[j] for j in idx], new_tokens, k, temps, g, layers=layers)): out[j] = s
     return out
 
 def length_batches(lengths, batch_tokens):

@@ -5,8 +5,9 @@
 # %% auto #0
 __all__ = ['HEAD_TYPE', 'default_layers', 'target_fingerprint', 'HeadConfig', 'head_config', 'check_head_target', 'RMSNorm',
            'rope', 'FeatureHead', 'is_head', 'FeatureSeq', 'target_features', 'token_rows', 'collate_features',
-           'unroll_mask', 'unrolled_logits', 'HeadTrainConfig', 'head_metrics', 'train_head', 'tiny_samples',
-           'tiny_head', 'head_dir', 'save_head', 'is_head_folder', 'load_head', 'HeadCache', 'HeadSession']
+           'teacher_features', 'unroll_mask', 'unrolled_logits', 'HeadTrainConfig', 'head_metrics', 'train_head',
+           'tiny_samples', 'tiny_head', 'head_dir', 'save_head', 'is_head_folder', 'load_head', 'HeadCache',
+           'HeadSession']
 
 # %% ../nbs/07c_head.ipynb #13d5db53
 import hashlib, json, math, time
@@ -221,7 +222,16 @@ def collate_features(data, idx, token_map, K, pad_id=2):
         w[b, s.start - 1:n] = 1.0
     return ids, feats, tid, tp, w
 
-# %% ../nbs/07c_head.ipynb #86df4683
+# %% ../nbs/07c_head.ipynb #d756db80
+def teacher_features(data):
+    "`FeatureSeq` of `TeacherSeq` made with `teacher_data(..., layers=...)`: the target's own answers, scored from the first answer token on."
+    out = []
+    for s in data:
+        if s.feats is None: raise ValueError("these TeacherSeq carry no features: make them with teacher_data(..., layers=the head's layers)")
+        out.append(FeatureSeq(s.ids[:-1].clone(), s.feats, s.top_ids, s.top_logp, max(1, s.n_prompt - 1)))
+    return out
+
+# %% ../nbs/07c_head.ipynb #a0c3b169
 def unroll_mask(T, s):
     "Bool[T, (s+1)T]: at unrolled step s, query i sees step 0's keys up to i - s and step t's key at i - s + t (its tree ancestors)."
     i, k = torch.arange(T)[:, None], torch.arange(T)[None, :]
@@ -241,7 +251,7 @@ def unrolled_logits(head, ids, feats, steps):
         f = F.pad(g[:, :-1], (0, 0, 1, 0))                                          # a depth-(s+1) node reads its parent's output
     return outs
 
-# %% ../nbs/07c_head.ipynb #0e3a5432
+# %% ../nbs/07c_head.ipynb #4b9c20bd
 @dataclass
 class HeadTrainConfig:
     steps: int = 600
@@ -304,7 +314,7 @@ def train_head(head, data, cfg=HeadTrainConfig(), val=None, progress=True, log_e
     bar.close(); head.eval()
     return hist
 
-# %% ../nbs/07c_head.ipynb #ca908cca
+# %% ../nbs/07c_head.ipynb #e724363c
 def tiny_samples(target, n, length, seed):
     "The target's own samples at temperature 0.7 after random two-token prompts: LongTensor[1, 2 + length] each."
     g = torch.Generator().manual_seed(seed); out = []
@@ -324,7 +334,7 @@ def tiny_head(target, steps=120, seed=0, samples=24, length=60):
     train_head(h, data[4:], HeadTrainConfig(steps=steps, lr=3e-3, warmup=10, batch_tokens=512, seed=seed), progress=False)
     return h, data[:4]
 
-# %% ../nbs/07c_head.ipynb #1fecaa78
+# %% ../nbs/07c_head.ipynb #e75c75dc
 def head_dir():
     "Folder of the shipped head inside the installed package."
     return Path(__import__('dyspec_nb').__file__).parent / 'head_model'
@@ -363,7 +373,7 @@ def load_head(folder, target, dtype=torch.float32):
     if missing: raise ValueError(f"{folder / 'model.safetensors'} lacks {', '.join(missing)}")
     return head.to(dtype).bind(target).eval()
 
-# %% ../nbs/07c_head.ipynb #b2beabd9
+# %% ../nbs/07c_head.ipynb #904389f7
 class HeadCache(DynamicCache):
     "The head's KV cache (text from position 1 on: position 0 has no feature before it) and the target's features it has not read yet."
     def __init__(self):

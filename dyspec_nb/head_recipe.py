@@ -10,10 +10,11 @@ import json, time
 from dataclasses import dataclass, asdict, field
 from pathlib import Path
 import torch
-from .draft import choose_vocab
-from .head import (FeatureHead, HeadTrainConfig, head_config, target_features, train_head, save_head, load_head, head_dir)
+from .draft import choose_vocab, teacher_data
+from .head import (FeatureHead, HeadTrainConfig, head_config, target_features, teacher_features, train_head, save_head, load_head,
+                            head_dir)
 from .models import load_target
-from .data import sharegpt_chats
+from .data import sharegpt_chats, sharegpt_prompts
 
 # %% ../nbs/07d_head_recipe.ipynb #bc72641a
 @dataclass
@@ -24,6 +25,10 @@ class HeadRecipe:
     k: int = 8                       # the target's top-k kept per position
     vocab: int = 8192                # K tokens the head can propose (the most probable under the target on the training data)
     intermediate_size: int = 1536
+    n_generated: int = 0             # ShareGPT training prompts the target answers (its own text, features kept while it generates)
+    prompt_tokens: int = 192         # ... their longest prompt kept
+    new_tokens: int = 128            # ... and answer length
+    sampled_every: int = 3           # ... every third answer sampled at temperature 0.6, the others greedy
     seed: int = 0
     train: HeadTrainConfig = field(default_factory=lambda: HeadTrainConfig(steps=900))
 
@@ -38,6 +43,12 @@ def build_head(target=None, tokenizer=None, out=None, recipe=HeadRecipe(), minut
     chats = sharegpt_chats(tokenizer, 'train', n=recipe.n_chats + recipe.n_val, max_tokens=recipe.max_tokens, seed=recipe.seed)
     t0 = time.time(); data = target_features(target, chats, cfg.layers, recipe.k, progress=progress); t_feat = time.time() - t0
     data, val = data[:recipe.n_chats], data[recipe.n_chats:]
+    t0 = time.time()
+    if recipe.n_generated:                                                           # the target's own answers, features kept as it generates
+        prompts = sharegpt_prompts(tokenizer, 'train', n=recipe.n_generated, max_tokens=recipe.prompt_tokens, seed=recipe.seed + 1)
+        data = data + teacher_features(teacher_data(target, prompts, recipe.new_tokens, recipe.k, batch_size=32, sampled_every=recipe.sampled_every,
+                                                    seed=recipe.seed, progress=progress, layers=cfg.layers))
+    t_gen = time.time() - t0
     head = FeatureHead(cfg).bind(target, choose_vocab(data, cfg.draft_vocab_size, cfg.vocab_size))
     with torch.no_grad(): head.norm.weight.copy_(target.model.norm.weight)          # the target's output rows read its final norm
     left = minutes - (time.time() - t_all) / 60 - 0.5                               # half a minute to save
@@ -47,7 +58,7 @@ def build_head(target=None, tokenizer=None, out=None, recipe=HeadRecipe(), minut
     out = Path(out) if out is not None else head_dir()
     save_head(head, out)
     rec = dict(recipe=json.loads(json.dumps(asdict(recipe))), config=cfg.to_dict(), tokens=sum(len(s.ids) for s in data),
-               seconds=dict(features=t_feat, train=t_train, total=time.time() - t_all), threads=torch.get_num_threads(),
+               seconds=dict(features=t_feat, answers=t_gen, train=t_train, total=time.time() - t_all), threads=torch.get_num_threads(),
                steps_done=hist['step'][-1], stopped_by_time=hist['step'][-1] < recipe.train.steps, history=hist,
                size_mb=(out / 'model.safetensors').stat().st_size / 2**20,
                params=sum(p.numel() for n_, p in head.named_parameters() if not n_.startswith('lm.')))
