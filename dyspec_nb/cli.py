@@ -7,7 +7,7 @@ __all__ = ['TextStream', 'generate_text', 'chat', 'compare', 'compare_markdown',
            'train_draft_run', 'main', 'cuda_notebooks', 'gpu_check']
 
 # %% ../nbs/09_cli.ipynb #3bcb6f1c
-import argparse, json, re, shlex, subprocess, sys, time
+import argparse, dataclasses, json, re, shlex, subprocess, sys, time
 from pathlib import Path
 import torch
 from tqdm.auto import tqdm
@@ -16,7 +16,6 @@ from .verify import sampling_probs
 from .lossless import benchmark_pair, compare_builders, markdown_table
 from .models import DEFAULT_DRAFT, load_pair, load_local_target, chat_ids
 from .head_recipe import HeadRecipe, build_head
-from .head import HeadTrainConfig
 from .data import sharegpt_prompts
 from .engine import SpecDecoder
 from .cost import cost_model
@@ -179,7 +178,7 @@ def train_draft_run(args):
     if out.exists() and (not out.is_dir() or any(out.iterdir())): return None
     r = HeadRecipe(seed=args.seed)
     if args.conversations: r.n_chats, r.n_val = args.conversations, max(1, min(r.n_val, args.conversations // 8))
-    if args.steps: r.train = HeadTrainConfig(**{**r.train.__dict__, 'steps': args.steps, 'eval_every': max(1, min(r.train.eval_every, args.steps))})
+    if args.steps: r.train = dataclasses.replace(r.train, steps=args.steps, eval_every=max(1, min(r.train.eval_every, args.steps)))
     target, tok = load_local_target(args.target)
     head, rec = build_head(target, tok, out, r, args.minutes, results=out / 'recipe.json', progress=not args.quiet)
     return rec

@@ -5,9 +5,9 @@
 # %% auto #0
 __all__ = ['HeadRecipe', 'build_head', 'plot_head_recipe']
 
-# %% ../nbs/07d_head_recipe.ipynb #7bd5b9fa
+# %% ../nbs/07d_head_recipe.ipynb #9a1b2f74
 import json, time
-from dataclasses import dataclass, asdict, field
+from dataclasses import dataclass, asdict, field, replace
 from pathlib import Path
 import torch
 from .draft import choose_vocab, teacher_data
@@ -53,7 +53,7 @@ def build_head(target=None, tokenizer=None, out=None, recipe=HeadRecipe(), minut
     with torch.no_grad(): head.norm.weight.copy_(target.model.norm.weight)          # the target's output rows read its final norm
     left = minutes - (time.time() - t_all) / 60 - 0.5                               # half a minute to save
     if left <= 0: raise ValueError(f"{minutes} minutes do not leave time to train after the features ({t_feat / 60:.1f} min)")
-    tcfg = HeadTrainConfig(**{**asdict(recipe.train), 'minutes': min(left, recipe.train.minutes or left)})
+    tcfg = replace(recipe.train, minutes=min(left, recipe.train.minutes or left))
     t0 = time.time(); hist = train_head(head, data, tcfg, val=val, progress=progress); t_train = time.time() - t0
     out = Path(out) if out is not None else head_dir()
     save_head(head, out)
