@@ -4,11 +4,12 @@
 
 # %% auto #0
 __all__ = ['DATASETS', 'DYSPEC_FAMILY', 'QUICK', 'FULL', 'Method', 'parse_method', 'measure_costs', 'cost_ratio',
-           'calibrate_acceptance', 'sequoia_depth', 'mean_se', 'paired_test', 'load_prompts', 'compare_cells', 'bench',
-           'bench_markdown', 'plot_bench', 'write_record', 'write_bench', 'bench_builders']
+           'calibrate_acceptance', 'sequoia_depth', 'mean_se', 'paired_test', 'load_prompts', 'compare_cells',
+           'check_resumable', 'bench', 'bench_markdown', 'plot_bench', 'write_record', 'write_bench', 'verdict',
+           'versus', 'versus_markdown', 'bench_builders']
 
 # %% ../nbs/14_bench.ipynb #09558b37
-import json, math, platform, time
+import copy, json, math, platform, time
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
@@ -156,12 +157,26 @@ def compare_cells(res, reference=DYSPEC_FAMILY, keys=('accepted_per_step', 'spee
                   for r in reference if r in cells}
     return out
 
+_GRID = ('methods', 'budgets', 'max_new_tokens', 'draft_temperature', 'seed', 'calibration_prompts', 'calibration_tokens')
+
+def check_resumable(previous, settings):
+    "A `ValueError` naming every setting in which `previous` (a `bench` record) ran another grid than `settings`."
+    p = previous.get('settings', {})
+    bad = [f"{k} ({p.get(k)!r}, now {settings[k]!r})" for k in _GRID if p.get(k) != settings[k]]
+    bad += [f"prompts of {d} ({p['datasets'][d]}, now {n})" for d, n in settings['datasets'].items()
+            if d in p.get('datasets', {}) and p['datasets'][d] != n]
+    if bad: raise ValueError(f"the previous record ran another grid: {'; '.join(bad)}. Write to a new file instead")
+
+def _done(record, ds, Tk): return Tk in record['results'].get(ds, {})
+
 def bench(target, draft, prompts,                   # prompts: {dataset: [LongTensor[1, L], ...]}
           methods=('dyspec', 'dyspec_threshold', 'sequoia', 'specinfer', 'specinfer:5x8', 'specinfer:8x8', 'opt_tree', 'c2t', 'chain'),
           temperatures=(0.0, 0.6), budgets=(16, 64), max_new_tokens=64, draft_temperature=0.6, seed=0,
           calibration=None,                         # prompts for Sequoia's acceptance vector (None: Sequoia's default vector)
           calibration_tokens=32, costs=None, sequoia_max_depth=None, progress=True, command=None,
-          reference=DYSPEC_FAMILY):                 # methods compared (paired, per budget) with every other method
+          reference=DYSPEC_FAMILY,                  # methods compared (paired, per budget) with every other method
+          previous=None,                            # a record of an earlier, unfinished run of this grid: its parts are kept
+          checkpoint=None):                         # called with the record after each (dataset, temperature) part
     "Run the grid; a JSON-able record (settings, costs, calibration, and `results[dataset][T][budget][method]`)."
     ms = [parse_method(m) if isinstance(m, str) else m for m in methods]
     if not ms: raise ValueError("no methods to benchmark")
@@ -175,18 +190,35 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
     for T in list(temperatures) + [draft_temperature]: sampling_probs(torch.zeros(1, 2), T)     # validates
     spec = [m for m in ms if m.builder != 'autoregressive']
     t_start = time.perf_counter()
-    costs = costs or measure_costs(target, draft, sizes=sorted({1, 2, 4, 8, 16} | {b + 1 for b in fixed}))
-    record = dict(command=command, settings=dict(methods=[m.label for m in ms], temperatures=list(temperatures), budgets=list(budgets),
-                  datasets={k: len(v) for k, v in prompts.items()}, max_new_tokens=max_new_tokens, draft_temperature=draft_temperature,
-                  seed=seed, calibration_prompts=len(calibration or []), calibration_tokens=calibration_tokens),
-                  machine=dict(platform=platform.platform(), threads=torch.get_num_threads(), torch=torch.__version__),
-                  costs=costs, calibration={}, sequoia={}, results={}, comparisons={})
-    n_cells = sum(len(v) for v in prompts.values()) * len(temperatures) * (1 + sum(m.fits(b) for m in spec for b in budgets))
+    settings = dict(methods=[m.label for m in ms], temperatures=[float(T) for T in temperatures], budgets=list(budgets),
+                    datasets={k: len(v) for k, v in prompts.items()}, max_new_tokens=max_new_tokens, draft_temperature=draft_temperature,
+                    seed=seed, calibration_prompts=len(calibration or []), calibration_tokens=calibration_tokens)
+    machine = dict(platform=platform.platform(), threads=torch.get_num_threads(), torch=torch.__version__)
+    if previous is not None:            # resume: keep the finished parts, their costs, calibration and Sequoia depths
+        check_resumable(previous, settings)
+        p = copy.deepcopy(previous)
+        settings['datasets'] = {**p['settings']['datasets'], **settings['datasets']}
+        settings['temperatures'] = p['settings']['temperatures'] + [T for T in settings['temperatures'] if T not in p['settings']['temperatures']]
+        runs = p.get('runs') or [dict(command=p.get('command'), seconds=p['seconds'], machine=p['machine'],
+                                      parts=[[ds, Tk] for ds in p['results'] for Tk in p['results'][ds]])]
+        record = dict(command=command, settings=settings, machine=machine, costs=p['costs'], calibration=p['calibration'],
+                      sequoia=p['sequoia'], results=p['results'], comparisons=p['comparisons'], runs=runs)
+    else:
+        costs = costs or measure_costs(target, draft, sizes=sorted({1, 2, 4, 8, 16} | {b + 1 for b in fixed}))
+        record = dict(command=command, settings=settings, machine=machine, costs=costs, calibration={}, sequoia={},
+                      results={}, comparisons={}, runs=[])
+    costs, parts = record['costs'], []
+    record['runs'].append(dict(command=command, seconds=0.0, machine=machine, parts=parts))
+    todo = [(T, ds) for T in temperatures for ds in prompts if not _done(record, ds, str(float(T)))]
+    n_cells = sum(len(prompts[ds]) for _, ds in todo) * (1 + sum(m.fits(b) for m in spec for b in budgets))
     bar = tqdm(total=n_cells, desc='prompt x method', disable=not progress)
     for T in temperatures:
         Tk = str(float(T))
+        if not any(T_ == T for T_, _ in todo): continue
         acc = None
-        if any(m.builder == 'sequoia' for m in spec):
+        if any(m.builder == 'sequoia' for m in spec) and Tk in record['sequoia']:
+            acc = record['calibration'].get(Tk, DEFAULT_ACCEPTANCE)          # as the earlier run configured Sequoia
+        elif any(m.builder == 'sequoia' for m in spec):
             if calibration:
                 bar.set_postfix_str(f'calibrating Sequoia at T={T:g}')
                 acc = calibrate_acceptance(target, draft, calibration, T, draft_temperature, calibration_tokens, seed=seed)
@@ -197,6 +229,7 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
                 d, s = sequoia_depth(acc, b, costs, sequoia_max_depth)
                 record['sequoia'][Tk][str(b)] = dict(max_depth=d, predicted_speedup=s)
         for ds, prs in prompts.items():
+            if _done(record, ds, Tk): continue
             decs = {'autoregressive': SpecDecoder(target, None, 'autoregressive')}
             for b in budgets:
                 for m in spec:
@@ -225,8 +258,14 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
                     res[str(b)][m.label] = c
             record['results'].setdefault(ds, {})[Tk] = res
             record['comparisons'].setdefault(ds, {})[Tk] = compare_cells(res, reference)
+            parts.append([ds, Tk])
+            record['runs'][-1]['seconds'] = time.perf_counter() - t_start
+            record['seconds'] = sum(r['seconds'] for r in record['runs'])
+            if checkpoint is not None: checkpoint(record)
     bar.close()
-    record['seconds'] = time.perf_counter() - t_start
+    record['runs'][-1]['seconds'] = time.perf_counter() - t_start
+    record['seconds'] = sum(r['seconds'] for r in record['runs'])
+    record['complete'] = all(_done(record, ds, str(float(T))) for ds in settings['datasets'] for T in settings['temperatures'])
     return record
 
 # %% ../nbs/14_bench.ipynb #5206c896
@@ -316,12 +355,43 @@ def write_bench(record, out):
     plot_bench(record, out.with_name(out.stem + '_speedup.png'), key='speedup')
     return out
 
+# %% ../nbs/14_bench.ipynb #29cf30c0
+def verdict(test, alpha=0.05):
+    "'wins', 'loses' or 'tie' (p >= `alpha`) for the paired test of a reference method against a peer."
+    if test['pvalue'] >= alpha: return 'tie'
+    return 'wins' if test['diff'] > 0 else 'loses'
+
+def versus(record, refs=DYSPEC_FAMILY, peers=('eagle2', 'sequoia', 'opt_tree'), key='accepted_per_step', alpha=0.05):
+    "Rows `dict(dataset, T, budget, ref, peer, test, verdict)` of every paired test in `record` of a method in `refs` against one in `peers`."
+    rows = []
+    for ds, byT in record.get('comparisons', {}).items():
+        for Tk, byb in byT.items():
+            for b, byref in byb.items():
+                for r in refs:
+                    for p in peers:
+                        t = byref.get(r, {}).get(p, {}).get(key)
+                        if t is not None: rows.append(dict(dataset=ds, T=float(Tk), budget=b, ref=r, peer=p, test=t, verdict=verdict(t, alpha)))
+    return rows
+
+def versus_markdown(rows):
+    "The rows of `versus` as a Markdown table: a row per (dataset, T, budget, ref), a column per peer."
+    peers = list(dict.fromkeys(r['peer'] for r in rows))
+    cells = {}
+    for r in rows:
+        t, v = r['test'], r['verdict']
+        txt = f"{t['ratio']:.2f}x, p={t['pvalue']:.3f}" if t['ratio'] is not None else f"p={t['pvalue']:.3f}"
+        cells.setdefault((r['dataset'], r['T'], r['budget'], r['ref']), {})[r['peer']] = f"**{v}** ({txt})" if v != 'tie' else f"tie ({txt})"
+    out = ['| dataset | T | budget | method | ' + ' | '.join(f'vs {p}' for p in peers) + ' |', '|---|---|---|---|' + '---|' * len(peers)]
+    for (ds, T, b, ref), row in cells.items():
+        out.append(f"| {ds} | {T:g} | {b} | {ref} | " + ' | '.join(row.get(p, '-') for p in peers) + ' |')
+    return '\n'.join(out)
+
 # %% ../nbs/14_bench.ipynb #5c09074b
 QUICK = dict(methods=list(BUILDERS), budgets=['auto', 16], temperatures=[0.0, 0.6], datasets=['mtbench'], prompts=1, max_new_tokens=16,
              calibration_prompts=1, calibration_tokens=16)
-FULL = dict(methods=['dyspec', 'dyspec_threshold', 'dyspec_adaptive', 'sequoia', 'specinfer', 'specinfer:5x8', 'specinfer:8x8',
-                     'opt_tree', 'c2t', 'chain'],
-            budgets=['auto', 16, 64], temperatures=[0.0, 0.6], datasets=['mtbench', 'sharegpt'], prompts=3, max_new_tokens=32,
+FULL = dict(methods=['dyspec', 'dyspec_threshold', 'dyspec_adaptive', 'eagle2', 'sequoia', 'specinfer', 'specinfer:5x8',
+                     'specinfer:8x8', 'opt_tree', 'c2t', 'chain'],
+            budgets=[8, 16, 64], temperatures=[0.0, 0.6], datasets=['mtbench', 'sharegpt'], prompts=10, max_new_tokens=64,
             calibration_prompts=8, calibration_tokens=48)
 
 # %% ../nbs/14_bench.ipynb #5e1672aa

@@ -20,7 +20,7 @@ from .data import sharegpt_prompts
 from .engine import SpecDecoder
 from .cost import cost_model
 from .peers import hf_generate
-from .bench import QUICK, FULL, DATASETS, parse_method, load_prompts, bench, bench_markdown, write_bench
+from .bench import QUICK, FULL, DATASETS, parse_method, load_prompts, check_resumable, bench, bench_markdown, write_bench
 
 # %% ../nbs/09_cli.ipynb #5ff7acf7
 class TextStream:
@@ -141,17 +141,18 @@ def bench_parser(p):
     "Add `dyspec bench`'s options to the argparse parser `p`."
     p.add_argument('--quick', action='store_true', help='a smoke-sized grid (every builder, one prompt, about two minutes on 2 cores); other options override it')
     p.add_argument('--methods', nargs='+', default=None, help=f"methods (default: {' '.join(FULL['methods'])}); specinfer:KxD for a shape")
-    p.add_argument('--budgets', type=_budget, nargs='+', default=None, help="tree budgets: 'auto' (the cost rule, DySpec's builders) or N (default auto 16 64)")
-    p.add_argument('--temperatures', type=_non_negative, nargs='+', default=None, help='target temperatures (default 0 0.6)')
-    p.add_argument('--datasets', nargs='+', choices=DATASETS, default=None, help='prompt sets (default mtbench sharegpt)')
-    p.add_argument('--prompts', type=_positive(int), default=None, help='prompts per dataset (default 3)')
-    p.add_argument('--max-new-tokens', type=_positive(int), default=None, help='tokens per prompt (default 32)')
+    p.add_argument('--budgets', type=_budget, nargs='+', default=None, help=f"tree budgets: 'auto' (the cost rule, DySpec's builders) or N (default {' '.join(map(str, FULL['budgets']))})")
+    p.add_argument('--temperatures', type=_non_negative, nargs='+', default=None, help=f"target temperatures (default {' '.join(f'{t:g}' for t in FULL['temperatures'])})")
+    p.add_argument('--datasets', nargs='+', choices=DATASETS, default=None, help=f"prompt sets (default {' '.join(FULL['datasets'])})")
+    p.add_argument('--prompts', type=_positive(int), default=None, help=f"prompts per dataset (default {FULL['prompts']})")
+    p.add_argument('--max-new-tokens', type=_positive(int), default=None, help=f"tokens per prompt (default {FULL['max_new_tokens']})")
     p.add_argument('--draft-temperature', type=_non_negative, default=0.6, help='temperature of the draft rows (paper: 0.6)')
     p.add_argument('--calibration-prompts', type=int, default=None, help="ShareGPT training prompts for Sequoia's acceptance vector (0: its default vector)")
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--target', default=None, help='target model: a local folder or a cached name (default: the embedded one)')
     p.add_argument('--draft', default=None, help='draft model (default: the shipped draft)')
-    p.add_argument('--out', type=Path, default=Path('results/bench.json'), help='JSON file; the .md and .png go beside it')
+    p.add_argument('--out', type=Path, default=Path('results/bench.json'), help='JSON file, rewritten after each (dataset, temperature) part; the .md and .png go beside it')
+    p.add_argument('--resume', action='store_true', help='keep the finished parts of --out (a run of the same grid) and run only the rest')
     p.add_argument('--quiet', action='store_true', help='no progress bar')
     return p
 
@@ -162,11 +163,20 @@ def bench_run(args, argv=()):
         if getattr(args, k) is not None: s[k] = getattr(args, k)
     for m in s['methods']: parse_method(m)                  # fail on a typo before loading anything
     if max([b for b in s['budgets'] if b != 'auto'], default=0) > 1024: raise SystemExit('dyspec bench: budgets above 1024 would take hours on a CPU')
+    previous = None
+    if args.resume and args.out.exists():
+        try: previous = json.loads(args.out.read_text())
+        except json.JSONDecodeError as e: raise SystemExit(f"dyspec bench --resume: {args.out} is not a bench record ({e})")
+        check_resumable(previous, dict(methods=[parse_method(m).label for m in s['methods']], budgets=s['budgets'],
+                                       max_new_tokens=s['max_new_tokens'], draft_temperature=args.draft_temperature, seed=args.seed,
+                                       calibration_prompts=s['calibration_prompts'], calibration_tokens=s['calibration_tokens'],
+                                       datasets={ds: s['prompts'] for ds in s['datasets']}))       # before any model loads
     target, draft, tok = load_pair(args.target, args.draft)
     prompts = {ds: load_prompts(tok, ds, s['prompts']) for ds in s['datasets']}
     cal = sharegpt_prompts(tok, 'train', s['calibration_prompts'], max_tokens=256, seed=1) if s['calibration_prompts'] else None
     rec = bench(target, draft, prompts, s['methods'], s['temperatures'], s['budgets'], s['max_new_tokens'], args.draft_temperature,
-                args.seed, cal, s['calibration_tokens'], progress=not args.quiet, command='dyspec ' + shlex.join(['bench', *argv]))
+                args.seed, cal, s['calibration_tokens'], progress=not args.quiet, command='dyspec ' + shlex.join(['bench', *argv]),
+                previous=previous, checkpoint=lambda r: write_bench(r, args.out))
     write_bench(rec, args.out)
     print(bench_markdown(rec))
     print(f"\nwrote {args.out}, {args.out.with_suffix('.md')} and the plots beside them ({rec['seconds']:.0f} s)", file=sys.stderr)
