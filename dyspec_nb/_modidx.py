@@ -13,6 +13,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                  'dyspec_nb.bench.bench': ('bench.html#bench', 'dyspec_nb/bench.py'),
                                  'dyspec_nb.bench.bench_builders': ('bench.html#bench_builders', 'dyspec_nb/bench.py'),
                                  'dyspec_nb.bench.bench_markdown': ('bench.html#bench_markdown', 'dyspec_nb/bench.py'),
+                                 'dyspec_nb.bench.bench_settings': ('bench.html#bench_settings', 'dyspec_nb/bench.py'),
                                  'dyspec_nb.bench.calibrate_acceptance': ('bench.html#calibrate_acceptance', 'dyspec_nb/bench.py'),
                                  'dyspec_nb.bench.check_resumable': ('bench.html#check_resumable', 'dyspec_nb/bench.py'),
                                  'dyspec_nb.bench.compare_cells': ('bench.html#compare_cells', 'dyspec_nb/bench.py'),

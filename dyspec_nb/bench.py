@@ -5,8 +5,8 @@
 # %% auto #0
 __all__ = ['DATASETS', 'DYSPEC_FAMILY', 'QUICK', 'FULL', 'Method', 'parse_method', 'measure_costs', 'cost_ratio',
            'calibrate_acceptance', 'sequoia_depth', 'mean_se', 'paired_test', 'load_prompts', 'compare_cells',
-           'check_resumable', 'bench', 'bench_markdown', 'plot_bench', 'write_record', 'write_bench', 'verdict',
-           'versus', 'versus_markdown', 'bench_builders']
+           'bench_settings', 'check_resumable', 'bench', 'bench_markdown', 'plot_bench', 'write_record', 'write_bench',
+           'verdict', 'versus', 'versus_markdown', 'bench_builders']
 
 # %% ../nbs/14_bench.ipynb #09558b37
 import copy, json, math, platform, time
@@ -159,6 +159,13 @@ def compare_cells(res, reference=DYSPEC_FAMILY, keys=('accepted_per_step', 'spee
 
 _GRID = ('methods', 'budgets', 'max_new_tokens', 'draft_temperature', 'seed', 'calibration_prompts', 'calibration_tokens')
 
+def bench_settings(methods, temperatures, budgets, datasets, max_new_tokens, draft_temperature, seed, calibration_prompts,
+                   calibration_tokens):
+    "The `settings` of a `bench` record (`datasets`: {name: prompts}), as `bench` writes them and `check_resumable` compares them."
+    return dict(methods=[parse_method(m).label if isinstance(m, str) else m.label for m in methods], temperatures=[float(T) for T in temperatures],
+                budgets=list(budgets), datasets=dict(datasets), max_new_tokens=max_new_tokens, draft_temperature=draft_temperature,
+                seed=seed, calibration_prompts=calibration_prompts, calibration_tokens=calibration_tokens)
+
 def check_resumable(previous, settings):
     "A `ValueError` naming every setting in which `previous` (a `bench` record) ran another grid than `settings`."
     p = previous.get('settings', {})
@@ -190,9 +197,8 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
     for T in list(temperatures) + [draft_temperature]: sampling_probs(torch.zeros(1, 2), T)     # validates
     spec = [m for m in ms if m.builder != 'autoregressive']
     t_start = time.perf_counter()
-    settings = dict(methods=[m.label for m in ms], temperatures=[float(T) for T in temperatures], budgets=list(budgets),
-                    datasets={k: len(v) for k, v in prompts.items()}, max_new_tokens=max_new_tokens, draft_temperature=draft_temperature,
-                    seed=seed, calibration_prompts=len(calibration or []), calibration_tokens=calibration_tokens)
+    settings = bench_settings(ms, temperatures, budgets, {k: len(v) for k, v in prompts.items()}, max_new_tokens, draft_temperature,
+                              seed, len(calibration or []), calibration_tokens)
     machine = dict(platform=platform.platform(), threads=torch.get_num_threads(), torch=torch.__version__)
     if previous is not None:            # resume: keep the finished parts, their costs, calibration and Sequoia depths
         check_resumable(previous, settings)
@@ -209,6 +215,9 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
                       results={}, comparisons={}, runs=[])
     costs, parts = record['costs'], []
     record['runs'].append(dict(command=command, seconds=0.0, machine=machine, parts=parts))
+    def clock():                        # this run's seconds so far, and the record's over all its runs
+        record['runs'][-1]['seconds'] = time.perf_counter() - t_start
+        record['seconds'] = sum(r['seconds'] for r in record['runs'])
     todo = [(T, ds) for T in temperatures for ds in prompts if not _done(record, ds, str(float(T)))]
     n_cells = sum(len(prompts[ds]) for _, ds in todo) * (1 + sum(m.fits(b) for m in spec for b in budgets))
     bar = tqdm(total=n_cells, desc='prompt x method', disable=not progress)
@@ -258,13 +267,9 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
                     res[str(b)][m.label] = c
             record['results'].setdefault(ds, {})[Tk] = res
             record['comparisons'].setdefault(ds, {})[Tk] = compare_cells(res, reference)
-            parts.append([ds, Tk])
-            record['runs'][-1]['seconds'] = time.perf_counter() - t_start
-            record['seconds'] = sum(r['seconds'] for r in record['runs'])
+            parts.append([ds, Tk]); clock()
             if checkpoint is not None: checkpoint(record)
-    bar.close()
-    record['runs'][-1]['seconds'] = time.perf_counter() - t_start
-    record['seconds'] = sum(r['seconds'] for r in record['runs'])
+    bar.close(); clock()
     record['complete'] = all(_done(record, ds, str(float(T))) for ds in settings['datasets'] for T in settings['temperatures'])
     return record
 

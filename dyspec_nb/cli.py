@@ -20,7 +20,7 @@ from .data import sharegpt_prompts
 from .engine import SpecDecoder
 from .cost import cost_model
 from .peers import hf_generate
-from .bench import QUICK, FULL, DATASETS, parse_method, load_prompts, check_resumable, bench, bench_markdown, write_bench
+from .bench import QUICK, FULL, DATASETS, parse_method, load_prompts, bench_settings, check_resumable, bench, bench_markdown, write_bench
 
 # %% ../nbs/09_cli.ipynb #5ff7acf7
 class TextStream:
@@ -167,10 +167,9 @@ def bench_run(args, argv=()):
     if args.resume and args.out.exists():
         try: previous = json.loads(args.out.read_text())
         except json.JSONDecodeError as e: raise SystemExit(f"dyspec bench --resume: {args.out} is not a bench record ({e})")
-        check_resumable(previous, dict(methods=[parse_method(m).label for m in s['methods']], budgets=s['budgets'],
-                                       max_new_tokens=s['max_new_tokens'], draft_temperature=args.draft_temperature, seed=args.seed,
-                                       calibration_prompts=s['calibration_prompts'], calibration_tokens=s['calibration_tokens'],
-                                       datasets={ds: s['prompts'] for ds in s['datasets']}))       # before any model loads
+        check_resumable(previous, bench_settings(s['methods'], s['temperatures'], s['budgets'], {ds: s['prompts'] for ds in s['datasets']},
+                                                 s['max_new_tokens'], args.draft_temperature, args.seed, s['calibration_prompts'],
+                                                 s['calibration_tokens']))       # before any model loads
     target, draft, tok = load_pair(args.target, args.draft)
     prompts = {ds: load_prompts(tok, ds, s['prompts']) for ds in s['datasets']}
     cal = sharegpt_prompts(tok, 'train', s['calibration_prompts'], max_tokens=256, seed=1) if s['calibration_prompts'] else None
