@@ -1,16 +1,18 @@
-// y = x @ W^T for a few rows of x: the products of a tree verification step (1-32 tokens) on a CPU.
+// y = x @ W^T for a few rows of x: the products of a tree verification step (1-128 tokens) on a CPU.
 //
 // nbs/06a_small_linear.ipynb is the specification and F.linear the reference. Why a kernel of our own: for 2-16 rows MKL
 // reads (and packs) each weight matrix as for a large product, so a step of 3 tokens costs about twice a step of 1. Here
 // every weight row is read once from memory, in place (PyTorch's [out, in] layout, no copy), and multiplied with all n
 // input rows while it sits in registers: the step stays bound by the weight bytes until n is large enough for the
-// arithmetic to dominate.
+// arithmetic to dominate, and then it is bound by how many multiply-adds each loaded vector feeds.
 //
-// Tiling: OB = 2 weight rows x RB = 4 input rows per register tile, 8 float lanes (AVX2 + FMA); 8 accumulators, 2 weight
-// and 1 input register. Each output y[r, j] is one dot product summed the same way whatever n is: 8 lanes over k in
-// steps of 8, the lanes added in a fixed tree, then the k tail in order. So a row's result does not depend on how many
-// rows are in the call, and the result is deterministic. Threads: OpenMP over blocks of 64 output columns (the same
-// runtime as PyTorch's, libgomp). Without AVX2 + FMA at run time, a scalar loop with the same structure runs instead.
+// Tiling: OB weight rows x RB input rows per register tile, 8 float lanes, OB * RB accumulators. With AVX-512VL the
+// compiler has 32 vector registers for the same 8-lane code: OB = 6, RB = 4 (24 accumulators, 6 weight registers, each
+// loaded input vector feeds 6 FMAs). With AVX2 alone, 16 registers: OB = 4, RB = 3. Without AVX2 + FMA, a scalar loop.
+// Each output y[r, j] is one dot product summed the same way on every path and whatever n is: 8 lanes over k in steps
+// of 8, the lanes added in a fixed tree, then the k tail in order. So a row's result does not depend on how many rows
+// are in the call nor on which instruction set ran it, and the result is deterministic. Threads: OpenMP over blocks of
+// 48 output columns (the same runtime as PyTorch's, libgomp).
 #include <pybind11/pybind11.h>
 #include <pybind11/numpy.h>
 #include <immintrin.h>
@@ -23,29 +25,38 @@ namespace py = pybind11;
 using i64 = std::int64_t;
 using farr = py::array_t<float, py::array::c_style>;
 
-constexpr i64 CHUNK = 64;   // output columns per OpenMP task
+constexpr i64 CHUNK = 48;   // output columns per OpenMP task (a multiple of every OB)
 
-// y[r * ldy + o] = dot(w[o * K: (o + 1) * K], x[r * K: (r + 1) * K]) for o < OB, r < RB
+// y[r * ldy + o] = dot(w[o * K: (o + 1) * K], x[r * K: (r + 1) * K]) for o < OB, r < RB; one body, compiled twice below
+#define DYSPEC_TILE_BODY                                                                                                   \
+    __m256 acc[OB][RB];                                                                                                    \
+    for (int o = 0; o < OB; ++o) for (int r = 0; r < RB; ++r) acc[o][r] = _mm256_setzero_ps();                             \
+    i64 k = 0;                                                                                                             \
+    for (; k + 8 <= K; k += 8) {                                                                                           \
+        __m256 wv[OB];                                                                                                     \
+        for (int o = 0; o < OB; ++o) wv[o] = _mm256_loadu_ps(w + o * K + k);                                               \
+        for (int r = 0; r < RB; ++r) {                                                                                     \
+            __m256 xv = _mm256_loadu_ps(x + r * K + k);                                                                    \
+            for (int o = 0; o < OB; ++o) acc[o][r] = _mm256_fmadd_ps(wv[o], xv, acc[o][r]);                                \
+        }                                                                                                                  \
+    }                                                                                                                      \
+    for (int o = 0; o < OB; ++o) for (int r = 0; r < RB; ++r) {                                                            \
+        alignas(32) float l[8];                                                                                            \
+        _mm256_store_ps(l, acc[o][r]);                                                                                     \
+        float s = ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));                                       \
+        for (i64 kk = k; kk < K; ++kk) s += w[o * K + kk] * x[r * K + kk];                                                 \
+        y[r * ldy + o] = s;                                                                                                \
+    }
+
 template <int OB, int RB>
 __attribute__((target("avx2,fma"))) static inline void tile_avx2(const float* x, const float* w, i64 K, float* y, i64 ldy) {
-    __m256 acc[OB][RB];
-    for (int o = 0; o < OB; ++o) for (int r = 0; r < RB; ++r) acc[o][r] = _mm256_setzero_ps();
-    i64 k = 0;
-    for (; k + 8 <= K; k += 8) {
-        __m256 wv[OB];
-        for (int o = 0; o < OB; ++o) wv[o] = _mm256_loadu_ps(w + o * K + k);
-        for (int r = 0; r < RB; ++r) {
-            __m256 xv = _mm256_loadu_ps(x + r * K + k);
-            for (int o = 0; o < OB; ++o) acc[o][r] = _mm256_fmadd_ps(wv[o], xv, acc[o][r]);
-        }
-    }
-    for (int o = 0; o < OB; ++o) for (int r = 0; r < RB; ++r) {
-        alignas(32) float l[8];
-        _mm256_store_ps(l, acc[o][r]);
-        float s = ((l[0] + l[4]) + (l[1] + l[5])) + ((l[2] + l[6]) + (l[3] + l[7]));
-        for (i64 kk = k; kk < K; ++kk) s += w[o * K + kk] * x[r * K + kk];
-        y[r * ldy + o] = s;
-    }
+    DYSPEC_TILE_BODY
+}
+
+// the same instructions, EVEX-encoded: ymm16-31 hold the larger tile's accumulators
+template <int OB, int RB>
+__attribute__((target("avx2,fma,avx512f,avx512vl"))) static inline void tile_avx512vl(const float* x, const float* w, i64 K, float* y, i64 ldy) {
+    DYSPEC_TILE_BODY
 }
 
 // The same sums without vector instructions: lane l of the accumulator holds the terms k = l (mod 8) of the vector part.
@@ -61,52 +72,67 @@ static inline void tile_scalar(const float* x, const float* w, i64 K, float* y, 
     }
 }
 
-// OB output columns for all n rows: tiles of 4 rows, then the 1-3 left over
-template <int OB, bool AVX>
+enum Path { SCALAR = 0, AVX2 = 1, AVX512VL = 2 };
+
+// OB output columns for all n rows: tiles of RB rows, then of 2, then of 1
+template <int OB, int RB, Path P>
 static void columns(const float* x, i64 n, i64 K, const float* w, float* y, i64 N) {
     auto tile = [&](auto rb, i64 r) {
-        constexpr int RB = decltype(rb)::value;
-        if constexpr (AVX) tile_avx2<OB, RB>(x + r * K, w, K, y + r * N, N);
-        else tile_scalar<OB, RB>(x + r * K, w, K, y + r * N, N);
+        constexpr int R = decltype(rb)::value;
+        if constexpr (P == AVX512VL) tile_avx512vl<OB, R>(x + r * K, w, K, y + r * N, N);
+        else if constexpr (P == AVX2) tile_avx2<OB, R>(x + r * K, w, K, y + r * N, N);
+        else tile_scalar<OB, R>(x + r * K, w, K, y + r * N, N);
     };
     i64 r = 0;
-    for (; r + 4 <= n; r += 4) tile(std::integral_constant<int, 4>{}, r);
-    switch (n - r) {
-        case 3: tile(std::integral_constant<int, 3>{}, r); break;
-        case 2: tile(std::integral_constant<int, 2>{}, r); break;
-        case 1: tile(std::integral_constant<int, 1>{}, r); break;
-    }
+    for (; r + RB <= n; r += RB) tile(std::integral_constant<int, RB>{}, r);
+    for (; r + 2 <= n; r += 2) tile(std::integral_constant<int, 2>{}, r);
+    for (; r < n; ++r) tile(std::integral_constant<int, 1>{}, r);
 }
 
-template <bool AVX>
+template <int OB, int RB, Path P>
 static void linear_impl(const float* x, i64 n, i64 K, const float* w, i64 N, float* y) {
     i64 tasks = (N + CHUNK - 1) / CHUNK;
     #pragma omp parallel for schedule(static)
     for (i64 t = 0; t < tasks; ++t) {
         i64 j = t * CHUNK, end = std::min(N, j + CHUNK);
-        for (; j + 2 <= end; j += 2) columns<2, AVX>(x, n, K, w + j * K, y + j, N);
-        for (; j < end; ++j) columns<1, AVX>(x, n, K, w + j * K, y + j, N);
+        for (; j + OB <= end; j += OB) columns<OB, RB, P>(x, n, K, w + j * K, y + j, N);
+        for (; j < end; ++j) columns<1, RB, P>(x, n, K, w + j * K, y + j, N);
     }
 }
 
 static bool has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+static bool has_avx512vl() { return has_avx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl"); }
 
-// y[n, N] = x[n, K] @ w[N, K]^T, written into y (float32, C-contiguous, all three); vectorise=false forces the scalar path
-static void linear(farr x, farr w, farr y, bool vectorise) {
+// the widest path this CPU runs, at most `limit`
+static Path path_for(int limit) {
+    if (limit >= AVX512VL && has_avx512vl()) return AVX512VL;
+    if (limit >= AVX2 && has_avx2()) return AVX2;
+    return SCALAR;
+}
+
+// y[n, N] = x[n, K] @ w[N, K]^T, written into y (float32, C-contiguous, all three); limit: 2 the widest path the CPU has,
+// 1 AVX2 at most, 0 the scalar path
+static void linear(farr x, farr w, farr y, int limit) {
     if (x.ndim() != 2 || w.ndim() != 2 || y.ndim() != 2) throw std::invalid_argument("small_linear: x, w and y must be 2-D");
     i64 n = x.shape(0), K = x.shape(1), N = w.shape(0);
     if (w.shape(1) != K) throw std::invalid_argument("small_linear: x has " + std::to_string(K) + " columns, w has " + std::to_string(w.shape(1)));
     if (y.shape(0) != n || y.shape(1) != N)
         throw std::invalid_argument("small_linear: y must have shape [" + std::to_string(n) + ", " + std::to_string(N) + "]");
     const float* xp = x.data(); const float* wp = w.data(); float* yp = y.mutable_data();
+    Path p = path_for(limit);
     py::gil_scoped_release nogil;
-    if (vectorise && has_avx2()) linear_impl<true>(xp, n, K, wp, N, yp);
-    else linear_impl<false>(xp, n, K, wp, N, yp);
+    if (p == AVX512VL) linear_impl<6, 4, AVX512VL>(xp, n, K, wp, N, yp);
+    else if (p == AVX2) linear_impl<4, 3, AVX2>(xp, n, K, wp, N, yp);
+    else linear_impl<2, 4, SCALAR>(xp, n, K, wp, N, yp);
+}
+
+static const char* path_name(int limit) {
+    switch (path_for(limit)) { case AVX512VL: return "avx512vl"; case AVX2: return "avx2"; default: return "scalar"; }
 }
 
 PYBIND11_MODULE(_linear, m) {
     m.doc() = "y = x @ W^T for a few rows of x (csrc/small_linear.cpp)";
-    m.def("linear", &linear, "y[n, N] = x[n, K] @ w[N, K]^T into y (float32, C-contiguous)", py::arg("x"), py::arg("w"), py::arg("y"),
-          py::arg("vectorise") = true);
-    m.def("vectorised", &has_avx2, "whether this CPU runs the AVX2 + FMA path (else the scalar one)");
+    m.def("linear", &linear, "y[n, N] = x[n, K] @ w[N, K]^T into y (float32, C-contiguous); limit 2: widest path, 1: AVX2 at most, 0: scalar",
+          py::arg("x"), py::arg("w"), py::arg("y"), py::arg("limit") = 2);
+    m.def("path", &path_name, "the path `linear` runs at this `limit` on this CPU: 'avx512vl', 'avx2' or 'scalar'", py::arg("limit") = 2);
 }

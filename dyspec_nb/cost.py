@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 from .builders import StepCosts
 from .kv import forward_seconds, input_device
 from .models import cache_dir
-from .small_linear import small_linear_available
+from .small_linear import small_linear_available, small_linear_path
 
 # %% ../nbs/06c_cost.ipynb #a998441a
 COST_SIZES = (1, 2, 3, 5, 9, 17, 33, 65)      # tree tokens timed (powers of two plus one: the root and 2^k draft tokens)
@@ -32,7 +32,7 @@ def machine_fingerprint(device='cpu'):
     "What identifies this machine's speed: CPU model, cores, torch threads and version, the few-row kernel, and the GPU if `device` is one."
     dev = torch.device(device)
     fp = dict(cpu=_cpu_name(), cores=os.cpu_count(), threads=torch.get_num_threads(), torch=torch.__version__,
-              small_linear=small_linear_available())
+              small_linear=small_linear_available(), kernel_path=small_linear_path())
     if dev.type == 'cuda': fp['gpu'] = torch.cuda.get_device_name(dev)
     return fp
 
@@ -47,10 +47,10 @@ def model_fingerprint(model):
         if p.device.type != 'meta': h.update(p.detach().flatten()[:64].float().cpu().numpy().tobytes())
     return dict(model=type(model).__name__, params=count, dtype=str(model.dtype), device=str(input_device(model)), weights=h.hexdigest()[:16])
 
-def cost_fingerprint(target, draft, small_linear=True, prefix=200):
+def cost_fingerprint(target, draft, small_linear=True, prefix=200, lean=True):
     "The fingerprint of a cost model: machine, both models, and how they were timed."
     return dict(machine=machine_fingerprint(input_device(target)), target=model_fingerprint(target), draft=model_fingerprint(draft),
-                small_linear=bool(small_linear), prefix=prefix)
+                small_linear=bool(small_linear), lean=bool(lean), prefix=prefix)
 
 # %% ../nbs/06c_cost.ipynb #a5069ba4
 def interpolate(points, n):
@@ -88,11 +88,11 @@ class CostModel:
         return cls({int(k): float(v) for k, v in d['target'].items()}, {int(k): float(v) for k, v in d['draft'].items()},
                    d['fingerprint'], float(d.get('seconds', 0.0)))
 
-def measure_cost_model(target, draft, small_linear=True, prefix=200, sizes=COST_SIZES, reps=5, seed=0):
-    "Time both models as the engine runs them (tree masks, the few-row kernel if `small_linear`): a `CostModel`."
+def measure_cost_model(target, draft, small_linear=True, prefix=200, sizes=COST_SIZES, reps=5, seed=0, lean=True):
+    "Time both models as the engine runs them (tree masks, the few-row kernel if `small_linear`, the lean forward if `lean`): a `CostModel`."
     t0 = time.perf_counter()
-    s = forward_seconds(dict(target=target, draft=draft), sizes, prefix, reps=reps, warmup=1, seed=seed, tree=True, small_linear=small_linear)
-    return CostModel(s['target'], s['draft'], cost_fingerprint(target, draft, small_linear, prefix), time.perf_counter() - t0)
+    s = forward_seconds(dict(target=target, draft=draft), sizes, prefix, reps=reps, warmup=1, seed=seed, tree=True, small_linear=small_linear, lean=lean)
+    return CostModel(s['target'], s['draft'], cost_fingerprint(target, draft, small_linear, prefix, lean), time.perf_counter() - t0)
 
 # %% ../nbs/06c_cost.ipynb #0da8b813
 def cost_model_path(fingerprint):
@@ -102,16 +102,17 @@ def cost_model_path(fingerprint):
 
 def _differs(old, new):
     parts = [k for k in ('machine', 'target', 'draft') if old.get(k) != new.get(k)]
-    if old.get('small_linear') != new.get('small_linear') or old.get('prefix') != new.get('prefix'): parts.append('settings')
+    if any(old.get(k) != new.get(k) for k in ('small_linear', 'lean', 'prefix')): parts.append('settings')
     return ', '.join(parts) or 'fingerprint'
 
 def cost_model(target, draft,
                small_linear=True,   # time the models as the engine runs them (SpecDecoder's small_linear)
+               lean=True,           # ... and SpecDecoder's lean
                refresh=False,       # measure again even when a cached model matches
                path=None,           # the JSON file to read and write (default: cost_model_path of the fingerprint)
                prefix=200):
     "The cached `CostModel` of this machine and model pair, measured (a few seconds) when there is none, it is foreign, or `refresh`."
-    fp = cost_fingerprint(target, draft, small_linear, prefix)
+    fp = cost_fingerprint(target, draft, small_linear, prefix, lean)
     path = Path(path) if path is not None else cost_model_path(fp)
     if path.exists() and not refresh:
         try: cm = CostModel.from_json(path.read_text())
@@ -121,7 +122,7 @@ def cost_model(target, draft,
             if cm.fingerprint == fp: return cm
             warnings.warn(f"the cost model {path} was measured elsewhere (its {_differs(cm.fingerprint, fp)} differ from this "
                           "machine's and these models'); measuring again", RuntimeWarning, stacklevel=2)
-    cm = measure_cost_model(target, draft, small_linear, prefix)
+    cm = measure_cost_model(target, draft, small_linear, prefix, lean=lean)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f'.{os.getpid()}.tmp')
     tmp.write_text(cm.to_json()); tmp.replace(path)          # atomic: a reader never sees half a file

@@ -12,13 +12,12 @@ import time
 from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
-from transformers import DynamicCache
 from .tree import TokenTree
 from .builders import BUILDERS, COST_AWARE, MAX_BUDGET, run_options
 from .verify import sampling_probs, verify_path
 from .tree_attention import tree_mask, register_tree_attention, kernel_verified
 from .small_linear import use_small_linear
-from .kv import DraftSession, additive_mask, forward, prefill, keep_positions, input_device
+from .kv import DraftSession, LeanCache, additive_mask, forward, prefill, keep_positions, input_device, new_cache
 from .cost import CostModel, cost_model
 from .head import HeadSession, HeadCache, is_head, check_head_target, unrolled_logits
 
@@ -119,6 +118,7 @@ class SpecDecoder:
                  prefetch=True,
                  attention='auto',   # target attention: 'default' (PyTorch), 'triton' (the tree kernel), or 'auto' (see above)
                  small_linear=True,  # few-row products on the C++ kernel of 06a_small_linear (CPU, float32); False: PyTorch's
+                 lean=True,          # the lean forward on preallocated caches (06b_kv) where a model allows; False: its own forward
                  max_budget=None,    # budget='auto' only: the cap on draft tokens per step (default AUTO_CAP)
                  costs=None,         # budget='auto' only: a cost.CostModel (default: this machine's, cached; measured on first use)
                  **options):         # `options` go to the builder
@@ -147,9 +147,10 @@ class SpecDecoder:
         if attention not in ('auto', 'triton', 'default'):
             raise ValueError(f"attention must be 'auto', 'triton' or 'default', got {attention!r}")
         self.target, self.draft, self.method, self.budget, self.options = target, draft, method, budget, options
-        self.prefetch, self.small_linear = prefetch, small_linear
+        if not isinstance(lean, bool): raise ValueError(f"lean must be True or False, got {lean!r}")
+        self.prefetch, self.small_linear, self.lean = prefetch, small_linear, lean
         self.auto = auto and method != 'autoregressive'
-        self.costs = (costs or cost_model(target, draft, small_linear)) if self.auto else None   # after the checks: may measure
+        self.costs = (costs or cost_model(target, draft, small_linear, lean=lean)) if self.auto else None   # after the checks: may measure
         if self.auto: self.options = dict(options, costs=self.costs.step_costs(budget))
         self.kernel = attention == 'triton' or (attention == 'auto' and input_device(target).type == 'cuda' and kernel_verified())
         if self.kernel: register_tree_attention(target)     # the target verifies trees with the block-sparse kernel, in DFS order
@@ -259,7 +260,10 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
     eos = _eos_ids(self.target, eos_token_id)
     stats = GenerationStats()
     head = is_head(self.draft)
-    tcache, dcache = DynamicCache(), (HeadCache() if head else DynamicCache())
+    tcache, dcache = new_cache(self.target, self.lean), (HeadCache() if head else new_cache(self.draft, self.lean))
+    room = len(seq) + max_new_tokens + (self.budget if isinstance(self.budget, int) else 0) + 1   # the longest a cache can get
+    for c in (tcache, dcache):
+        if isinstance(c, LeanCache): c.reserve(room)
     if len(seq) > 1:                                                          # target: everything but the root
         t0 = time.perf_counter()
         out = prefill(self.target, torch.tensor(seq[:-1]), tcache, keep=torch.tensor([len(seq) - 2]), hidden=self.draft.config.layers if head else None)
