@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['STEP_PATHS', 'additive_mask', 'causal_mask', 'input_device', 'forward', 'prefill', 'cache_len', 'keep_positions',
            'crop_to', 'lean_supported', 'LeanCache', 'new_cache', 'lean_forward', 'DraftSession', 'forward_seconds',
-           'generate_seconds', 'target_step_costs']
+           'generate_seconds', 'weights_read_seconds', 'target_step_costs']
 
 # %% ../nbs/06b_kv.ipynb #940699dc
 import inspect, time, weakref
@@ -293,12 +293,22 @@ STEP_PATHS = {'torch': dict(small_linear=False, lean=False),        # the model'
               'small_linear': dict(small_linear=True, lean=False),  # ... with the few-row kernel
               'lean': dict(small_linear=True, lean=True)}           # the lean forward with the kernel: the engine's default
 
+def weights_read_seconds(model, reps=1):
+    "Seconds to read as many bytes as `model`'s parameters hold, once, from memory (the median of `reps` sums over a fresh tensor that size)."
+    x = torch.ones(sum(p.numel() for p in model.parameters()), dtype=model.dtype)   # larger than every cache level
+    x.sum()                                                                          # pages touched before timing
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter(); x.sum(); out.append(time.perf_counter() - t0)
+    return float(np.median(out))
+
 def target_step_costs(model, sizes=(1, 2, 3, 5, 9, 17, 33, 65), prefix=200, rounds=5, new_tokens=16):
-    "The step's cost curve, interleaved round by round: `{'generate': s/token, path: {n: s} for path in STEP_PATHS}` (medians over rounds)."
-    runs = {'generate': [], **{k: [] for k in STEP_PATHS}}
+    "The step's cost curve, interleaved round by round: `{'generate': s/token, 'weights_read': s, path: {n: s} for path in STEP_PATHS}` (medians over rounds)."
+    runs = {'generate': [], 'weights_read': [], **{k: [] for k in STEP_PATHS}}
     for r in range(rounds):
         runs['generate'].append(generate_seconds(model, prefix, new_tokens, reps=1, seed=r))
+        runs['weights_read'].append(weights_read_seconds(model))
         for k, how in STEP_PATHS.items():
             runs[k].append(forward_seconds({'m': model}, sizes, prefix, reps=1, warmup=1 if r == 0 else 0, seed=r, tree=True, **how)['m'])
-    return {'generate': float(np.median(runs['generate'])),
+    return {'generate': float(np.median(runs['generate'])), 'weights_read': float(np.median(runs['weights_read'])),
             **{k: {n: float(np.median([run[n] for run in runs[k]])) for n in sizes} for k in STEP_PATHS}}
