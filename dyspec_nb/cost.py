@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 from .builders import StepCosts
 from .kv import forward_seconds, input_device
 from .models import cache_dir
-from .small_linear import small_linear_available, small_linear_path
+from .small_linear import small_linear_path
 
 # %% ../nbs/06c_cost.ipynb #a998441a
 COST_SIZES = (1, 2, 3, 5, 9, 17, 33, 65)      # tree tokens timed (powers of two plus one: the root and 2^k draft tokens)
@@ -29,10 +29,10 @@ def _cpu_name():
     return platform.processor() or platform.machine()
 
 def machine_fingerprint(device='cpu'):
-    "What identifies this machine's speed: CPU model, cores, torch threads and version, the few-row kernel, and the GPU if `device` is one."
+    "What identifies this machine's speed: CPU model, cores, torch threads and version, the few-row kernel's path (None: not built), and the GPU if `device` is one."
     dev = torch.device(device)
     fp = dict(cpu=_cpu_name(), cores=os.cpu_count(), threads=torch.get_num_threads(), torch=torch.__version__,
-              small_linear=small_linear_available(), kernel_path=small_linear_path())
+              kernel_path=small_linear_path())
     if dev.type == 'cuda': fp['gpu'] = torch.cuda.get_device_name(dev)
     return fp
 

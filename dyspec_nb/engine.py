@@ -17,7 +17,7 @@ from .builders import BUILDERS, COST_AWARE, MAX_BUDGET, run_options
 from .verify import sampling_probs, verify_path
 from .tree_attention import tree_mask, register_tree_attention, kernel_verified
 from .small_linear import use_small_linear
-from .kv import DraftSession, LeanCache, additive_mask, forward, prefill, keep_positions, input_device, new_cache
+from .kv import DraftSession, additive_mask, forward, prefill, keep_positions, input_device, new_cache
 from .cost import CostModel, cost_model
 from .head import HeadSession, HeadCache, is_head, check_head_target, unrolled_logits
 
@@ -260,10 +260,8 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
     eos = _eos_ids(self.target, eos_token_id)
     stats = GenerationStats()
     head = is_head(self.draft)
-    tcache, dcache = new_cache(self.target, self.lean), (HeadCache() if head else new_cache(self.draft, self.lean))
     room = len(seq) + max_new_tokens + (self.budget if isinstance(self.budget, int) else 0) + 1   # the longest a cache can get
-    for c in (tcache, dcache):
-        if isinstance(c, LeanCache): c.reserve(room)
+    tcache, dcache = new_cache(self.target, self.lean, room), (HeadCache() if head else new_cache(self.draft, self.lean, room))
     if len(seq) > 1:                                                          # target: everything but the root
         t0 = time.perf_counter()
         out = prefill(self.target, torch.tensor(seq[:-1]), tcache, keep=torch.tensor([len(seq) - 2]), hidden=self.draft.config.layers if head else None)

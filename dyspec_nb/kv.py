@@ -86,9 +86,23 @@ def lean_supported(model):
     return (isinstance(model, LlamaForCausalLM) and model.config._attn_implementation == 'sdpa'
             and not getattr(model, 'hf_device_map', None) and model.model.embed_tokens.weight.device.type != 'meta')
 
+_STACKED = weakref.WeakKeyDictionary()        # model -> (the weights it was made from, [(qkv weight, qkv bias, gate-up weight, gate-up bias)])
+
+def _cat(ts): return None if ts[0] is None else torch.cat([t.detach() for t in ts])
+
+def _stacked(model):
+    "Per layer: the q, k, v projections' weights (and biases) stacked, and the MLP's gate and up; remade if any weight changed."
+    srcs = [(l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj, l.mlp.gate_proj, l.mlp.up_proj) for l in model.model.layers]
+    key = tuple((m.weight.data_ptr(), m.weight._version) for ms in srcs for m in ms)
+    if model not in _STACKED or _STACKED[model][0] != key:
+        _STACKED[model] = (key, [(_cat([m.weight for m in ms[:3]]), _cat([m.bias for m in ms[:3]]),
+                                  _cat([m.weight for m in ms[3:]]), _cat([m.bias for m in ms[3:]])) for ms in srcs])
+    return _STACKED[model][1]
+
 class LeanCache:
-    "A preallocated KV cache for `lean_forward`: keys and values [layers, kv_heads, capacity, head_dim], positions 0..n-1 valid."
+    "A preallocated KV cache of one model for `lean_forward`: keys and values [layers, kv_heads, capacity, head_dim], positions 0..n-1 valid."
     def __init__(self, model, capacity=256):
+        self.model, self.weights = model, _stacked(model)         # the stacked weights, checked once per cache, not per forward
         c = model.config
         self.shape = (c.num_hidden_layers, c.num_key_value_heads, getattr(c, 'head_dim', None) or c.hidden_size // c.num_attention_heads)
         self.dtype, self.device, self.n = model.dtype, input_device(model), 0
@@ -123,27 +137,15 @@ class LeanCache:
             self.v[:, :, j:len(idx)] = self.v[:, :, src]
         self.n = len(idx)
 
-def new_cache(model, lean=True):
-    "An empty KV cache for `model`: a `LeanCache` if `lean` and `lean_supported(model)`, else a transformers `DynamicCache`."
-    return LeanCache(model) if lean and lean_supported(model) else DynamicCache()
+def new_cache(model, lean=True, capacity=256):
+    "An empty KV cache for `model`: a `LeanCache` with room for `capacity` positions if `lean` and `lean_supported(model)`, else a transformers `DynamicCache`."
+    return LeanCache(model, capacity) if lean and lean_supported(model) else DynamicCache()
 
 # %% ../nbs/06b_kv.ipynb #0c25883d
-_STACKED = weakref.WeakKeyDictionary()        # model -> (the weights it was made from, [(qkv weight, qkv bias, gate-up weight, gate-up bias)])
-
-def _cat(ts): return None if ts[0] is None else torch.cat([t.detach() for t in ts])
-
-def _stacked(model):
-    "Per layer: the q, k, v projections' weights (and biases) stacked, and the MLP's gate and up; remade if any weight changed."
-    srcs = [(l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj, l.mlp.gate_proj, l.mlp.up_proj) for l in model.model.layers]
-    key = tuple((m.weight.data_ptr(), m.weight._version) for ms in srcs for m in ms)
-    if model not in _STACKED or _STACKED[model][0] != key:
-        _STACKED[model] = (key, [(_cat([m.weight for m in ms[:3]]), _cat([m.bias for m in ms[:3]]),
-                                  _cat([m.weight for m in ms[3:]]), _cat([m.bias for m in ms[3:]])) for ms in srcs])
-    return _STACKED[model][1]
-
 @torch.no_grad()
 def lean_forward(model, ids, positions, mask, cache, keep=None, hidden=None):
     "`forward` of a Llama-architecture `model` on a `LeanCache`, bit for bit the model's own: logits (float32, CPU), and with `hidden` those layers' states."
+    if cache.model is not model: raise ValueError(f"this LeanCache was made for another model ({type(cache.model).__name__})")
     m, c = model.model, model.config
     nh, nkv = c.num_attention_heads, c.num_key_value_heads
     d = getattr(c, 'head_dim', None) or c.hidden_size // nh
@@ -154,7 +156,7 @@ def lean_forward(model, ids, positions, mask, cache, keep=None, hidden=None):
     cos, sin = m.rotary_emb(x, positions[None].to(dev))                        # [1, q, d] each
     mask = mask.to(dev)                                                        # [1, 1, q, P + q]
     states = [x]
-    for l, (layer, (w_qkv, b_qkv, w_gu, b_gu)) in enumerate(zip(m.layers, _stacked(model))):
+    for l, (layer, (w_qkv, b_qkv, w_gu, b_gu)) in enumerate(zip(m.layers, cache.weights)):
         att, mlp = layer.self_attn, layer.mlp
         qkv = lin(layer.input_layernorm(x), w_qkv, b_qkv)                      # [1, q, (nh + 2 nkv) d]
         qs = qkv[..., :nh * d].view(1, q, nh, d).transpose(1, 2)               # [1, nh, q, d]

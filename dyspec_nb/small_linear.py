@@ -38,14 +38,13 @@ def small_linear(x,                # FloatTensor[n, K] on the CPU
                  vectorise=True):  # True: the widest path this CPU runs; 'avx2': AVX2 registers at most; False: the scalar path
     "`F.linear(x, weight, bias)` for a 2-D float32 CPU `x`, by the C++ kernel: FloatTensor[n, N]."
     small_linear_available(required=True)
-    _limit(vectorise)
     for name, t in (('x', x), ('weight', weight)) + ((('bias', bias),) if bias is not None else ()):
         if not isinstance(t, torch.Tensor): raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dtype != torch.float32 or t.device.type != 'cpu': raise ValueError(f"{name} must be float32 on the CPU, got {t.dtype} on {t.device}")
     if x.dim() != 2 or weight.dim() != 2: raise ValueError(f"x and weight must be 2-D, got {tuple(x.shape)} and {tuple(weight.shape)}")
     if x.shape[1] != weight.shape[1]: raise ValueError(f"x has {x.shape[1]} features, weight expects {weight.shape[1]}")
     if bias is not None and bias.shape != (weight.shape[0],): raise ValueError(f"bias must have shape ({weight.shape[0]},), got {tuple(bias.shape)}")
-    return _product(x, weight, bias, vectorise)
+    return _product(x, weight, bias, _limit(vectorise))
 
 def _limit(vectorise):
     "The C++ kernel's path limit: 2 the widest path, 1 AVX2 at most, 0 scalar."
@@ -56,10 +55,10 @@ def small_linear_path(vectorise=True):
     "Which path the kernel runs on this CPU: 'avx512vl', 'avx2' or 'scalar' (None when the extension is not built)."
     return _linear.path(_limit(vectorise)) if _linear is not None else None
 
-def _product(x, weight, bias=None, vectorise=True):
-    "`small_linear` without the checks, for callers that have made them (`SmallRowsLinear`): FloatTensor[n, N]."
+def _product(x, weight, bias=None, limit=2):
+    "`small_linear` without the checks, for callers that have made them (`rows_linear`); `limit` as `_limit` gives it: FloatTensor[n, N]."
     y = torch.empty(x.shape[0], weight.shape[0])                          # [n, N]
-    _linear.linear(x.detach().contiguous().numpy(), weight.detach().contiguous().numpy(), y.numpy(), _limit(vectorise))
+    _linear.linear(x.detach().contiguous().numpy(), weight.detach().contiguous().numpy(), y.numpy(), limit)
     return y if bias is None else y.add_(bias.detach())
 
 # %% ../nbs/06a_small_linear.ipynb #cceb3220
