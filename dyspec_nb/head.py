@@ -192,7 +192,7 @@ def target_features(target, seqs, layers, k=8, batch_tokens=4096, starts=None, p
         for b, i in enumerate(idx): ids[b, :seqs[i].shape[-1]] = seqs[i].reshape(-1)
         o = target(input_ids=ids, output_hidden_states=True)
         hs = torch.cat([o.hidden_states[l] for l in layers], -1)                   # [b, L, 3H]
-        v, t = topk_logprobs(o.logits, k)                                           # [b, L, k]
+        v, t = topk_logprobs(o.logits.float(), k)                                   # [b, L, k] (in float32 whatever the target's dtype)
         for b, i in enumerate(idx):
             n = seqs[i].shape[-1]
             out[i] = FeatureSeq(ids[b, :n].clone(), hs[b, :n].half().clone(), t[b, :n].int().clone(), v[b, :n].half().clone(),
