@@ -13,9 +13,9 @@ import torch
 from tqdm.auto import tqdm
 from .builders import BUILDERS
 from .data import mtbench_questions, mtbench_prompts, sharegpt_chats
-from .draft import continuation_metrics, topk_logprobs
+from .draft import continuation_metrics
 from .distill import mtbench_eval_data
-from .head import target_features, head_metrics, FeatureSeq, collate_features, token_rows, unrolled_logits
+from .head import target_features, head_metrics, collate_features, token_rows, unrolled_logits
 from .kv import forward_seconds
 from .engine import SpecDecoder
 from .peers import hf_generate
@@ -98,17 +98,13 @@ def agreement_by_confidence(target, head, token_draft, seqs, starts, bins=CONFID
     "Depth-1 agreement of `head` and `token_draft` with the target's top-1 at positions start..L-1 of each of `seqs` (LongTensor[1, L]), overall and per bin of the target's top-1 probability."
     rows, K = token_rows(head.vocab_ids, head.config.vocab_size), head.config.draft_vocab_size
     p1, ha, da = [], [], []
-    for x, st in zip(seqs, starts):
-        o = target(input_ids=x, output_hidden_states=True)
-        lp = o.logits[0].float()                                                    # [L, V]
-        v, t = topk_logprobs(lp, 8)                                                 # [L, 8]
-        s = FeatureSeq(x[0], torch.cat([o.hidden_states[l][0] for l in head.config.layers], -1), t, v, max(1, st))
+    for s in target_features(target, seqs, head.config.layers, starts=starts, progress=False):   # the head's own data, as head_metrics reads it
         ids, feats, tid, _, _ = collate_features([s], [0], rows, K)                 # row r holds position r + 1
-        r = unrolled_logits(head, ids, feats, 1)[0][0]                              # [L - 1, K]
-        j = torch.arange(s.start, x.shape[1])                                       # the scored positions
-        p1.append(lp[j].softmax(-1).max(-1).values)
-        ha.append(r[j - 1].argmax(-1) == tid[0, j - 1, 0])
-        da.append(token_draft(input_ids=x).logits[0, j].argmax(-1) == lp[j].argmax(-1))
+        j = torch.arange(s.start, len(s.ids))                                       # the scored positions
+        r = unrolled_logits(head, ids, feats, 1)[0][0, j - 1]                       # [n, K]
+        p1.append(s.top_logp[j, 0].float().exp())
+        ha.append(r.argmax(-1) == tid[0, j - 1, 0])
+        da.append(token_draft(input_ids=s.ids[None]).logits[0, j].argmax(-1) == s.top_ids[j, 0])
     p1, ha, da = torch.cat(p1), torch.cat(ha).float(), torch.cat(da).float()
     out = []
     for lo, hi in zip(bins, bins[1:]):
