@@ -318,6 +318,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                'dyspec_nb/head_eval.py'),
                                      'dyspec_nb.head_eval.run_head_eval': ('feature_draft.html#run_head_eval', 'dyspec_nb/head_eval.py')},
             'dyspec_nb.head_recipe': { 'dyspec_nb.head_recipe.HeadRecipe': ('head_recipe.html#headrecipe', 'dyspec_nb/head_recipe.py'),
+                                       'dyspec_nb.head_recipe.HeadRecipe.__post_init__': ( 'head_recipe.html#headrecipe.__post_init__',
+                                                                                           'dyspec_nb/head_recipe.py'),
                                        'dyspec_nb.head_recipe.build_head': ('head_recipe.html#build_head', 'dyspec_nb/head_recipe.py'),
                                        'dyspec_nb.head_recipe.plot_head_recipe': ( 'head_recipe.html#plot_head_recipe',
                                                                                    'dyspec_nb/head_recipe.py')},

@@ -33,11 +33,13 @@ class HeadRecipe:
     train: HeadTrainConfig = field(default_factory=lambda: HeadTrainConfig(steps=900))
     feature_dtype: str = 'float32'   # the target reads the conversations in this dtype: 'float32' or 'bfloat16' (a copy; more text per minute)
 
+    def __post_init__(self):
+        if self.feature_dtype not in FEATURE_DTYPES: raise ValueError(f"feature_dtype must be one of {FEATURE_DTYPES}, got {self.feature_dtype!r}")
+
 def build_head(target=None, tokenizer=None, out=None, recipe=HeadRecipe(), minutes=60, results=None, progress=True):
     "The whole recipe for a head of `target` (default: the embedded one): features, vocabulary, training (the run stops at `minutes` in all), save; `(head, record)`."
     t_all = time.time()
     if minutes <= 0: raise ValueError(f"minutes must be positive, got {minutes}")
-    if recipe.feature_dtype not in FEATURE_DTYPES: raise ValueError(f"feature_dtype must be one of {FEATURE_DTYPES}, got {recipe.feature_dtype!r}")
     if target is None: target, tokenizer = load_target()
     if tokenizer is None: raise ValueError("build_head needs the target's tokenizer (to format the ShareGPT conversations)")
     torch.manual_seed(recipe.seed)
