@@ -18,6 +18,7 @@
 #include <immintrin.h>
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -126,6 +127,69 @@ static void linear(farr x, farr w, farr y, int limit) {
     else linear_impl<2, 4, SCALAR>(xp, n, K, wp, N, yp);
 }
 
+// ---- bfloat16 operands: y[n, N] = x[n, K] @ w[N, K]^T with x and w in bfloat16 (raw uint16 bits), sums in float32 ----
+// For a draft, whose weights need not be exact: half the weight bytes of float32, and with AVX-512 BF16 one vdpbf16ps
+// multiplies 32 pairs and adds them into 16 float32 lanes (lane l sums k = 2l, 2l + 1 of each 32), twice the arithmetic
+// of a 16-lane float32 FMA. Tiling as above, in 16-lane registers: OB = 6 weight rows x RB = 4 input rows. Each output
+// is summed the same way whatever n is: the 16 lanes over k in steps of 32, added in a fixed tree, then the
+// k tail in order; the pair products are exact in float32, the sums round to nearest even (and, as the instruction
+// does, flush denormals). There is no other path: without AVX-512 BF16 the caller uses F.linear on the same values.
+using barr = py::array_t<std::uint16_t, py::array::c_style>;
+
+static inline float bf16_to_float(std::uint16_t b) { std::uint32_t u = std::uint32_t(b) << 16; float f; std::memcpy(&f, &u, 4); return f; }
+
+template <int OB, int RB>
+__attribute__((target("avx512f,avx512bf16"))) static inline void tile_bf16(const std::uint16_t* x, const std::uint16_t* w, i64 K, float* y, i64 ldy) {
+    __m512 acc[OB][RB];
+    for (int o = 0; o < OB; ++o) for (int r = 0; r < RB; ++r) acc[o][r] = _mm512_setzero_ps();
+    i64 k = 0;
+    for (; k + 32 <= K; k += 32) {
+        __m512bh wv[OB];
+        for (int o = 0; o < OB; ++o) wv[o] = (__m512bh)_mm512_loadu_si512(w + o * K + k);
+        for (int r = 0; r < RB; ++r) {
+            __m512bh xv = (__m512bh)_mm512_loadu_si512(x + r * K + k);
+            for (int o = 0; o < OB; ++o) acc[o][r] = _mm512_dpbf16_ps(acc[o][r], wv[o], xv);
+        }
+    }
+    for (int o = 0; o < OB; ++o) for (int r = 0; r < RB; ++r) {
+        alignas(64) float l[16];
+        _mm512_store_ps(l, acc[o][r]);
+        float s = (((l[0] + l[8]) + (l[4] + l[12])) + ((l[2] + l[10]) + (l[6] + l[14])))
+                + (((l[1] + l[9]) + (l[5] + l[13])) + ((l[3] + l[11]) + (l[7] + l[15])));
+        for (i64 kk = k; kk < K; ++kk) s += bf16_to_float(w[o * K + kk]) * bf16_to_float(x[r * K + kk]);
+        y[r * ldy + o] = s;
+    }
+}
+
+template <int OB, int RB>
+static void columns_bf16(const std::uint16_t* x, i64 n, i64 K, const std::uint16_t* w, float* y, i64 N) {
+    i64 r = 0;
+    for (; r + RB <= n; r += RB) tile_bf16<OB, RB>(x + r * K, w, K, y + r * N, N);
+    for (; r + 2 <= n; r += 2) tile_bf16<OB, 2>(x + r * K, w, K, y + r * N, N);
+    for (; r < n; ++r) tile_bf16<OB, 1>(x + r * K, w, K, y + r * N, N);
+}
+
+static bool has_bf16() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"); }
+
+// y[n, N] = x[n, K] @ w[N, K]^T, x and w bfloat16 bits (uint16), y float32; all C-contiguous
+static void linear_bf16(barr x, barr w, farr y) {
+    if (!has_bf16()) throw std::runtime_error("small_linear: this CPU has no AVX-512 BF16 (check bf16_available() first)");
+    if (x.ndim() != 2 || w.ndim() != 2 || y.ndim() != 2) throw std::invalid_argument("small_linear: x, w and y must be 2-D");
+    i64 n = x.shape(0), K = x.shape(1), N = w.shape(0);
+    if (w.shape(1) != K) throw std::invalid_argument("small_linear: x has " + std::to_string(K) + " columns, w has " + std::to_string(w.shape(1)));
+    if (y.shape(0) != n || y.shape(1) != N)
+        throw std::invalid_argument("small_linear: y must have shape [" + std::to_string(n) + ", " + std::to_string(N) + "]");
+    const std::uint16_t* xp = x.data(); const std::uint16_t* wp = w.data(); float* yp = y.mutable_data();
+    py::gil_scoped_release nogil;
+    i64 tasks = (N + CHUNK - 1) / CHUNK;
+    #pragma omp parallel for schedule(static)
+    for (i64 t = 0; t < tasks; ++t) {
+        i64 j = t * CHUNK, end = std::min(N, j + CHUNK);
+        for (; j + 6 <= end; j += 6) columns_bf16<6, 4>(xp, n, K, wp + j * K, yp + j, N);
+        for (; j < end; ++j) columns_bf16<1, 4>(xp, n, K, wp + j * K, yp + j, N);
+    }
+}
+
 static const char* path_name(int limit) {
     switch (path_for(limit)) { case AVX512VL: return "avx512vl"; case AVX2: return "avx2"; default: return "scalar"; }
 }
@@ -134,5 +198,8 @@ PYBIND11_MODULE(_linear, m) {
     m.doc() = "y = x @ W^T for a few rows of x (csrc/small_linear.cpp)";
     m.def("linear", &linear, "y[n, N] = x[n, K] @ w[N, K]^T into y (float32, C-contiguous); limit 2: widest path, 1: AVX2 at most, 0: scalar",
           py::arg("x"), py::arg("w"), py::arg("y"), py::arg("limit") = 2);
+    m.def("linear_bf16", &linear_bf16, "y[n, N] = x[n, K] @ w[N, K]^T into y: x and w bfloat16 bits (uint16), y float32; needs AVX-512 BF16",
+          py::arg("x"), py::arg("w"), py::arg("y"));
+    m.def("has_bf16", &has_bf16, "whether this CPU runs linear_bf16 (AVX-512 BF16)");
     m.def("path", &path_name, "the path `linear` runs at this `limit` on this CPU: 'avx512vl', 'avx2' or 'scalar'", py::arg("limit") = 2);
 }

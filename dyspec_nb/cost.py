@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 from .builders import StepCosts
 from .kv import forward_seconds, input_device
 from .models import cache_dir
-from .small_linear import small_linear_path
+from .small_linear import small_linear_path, BF16Linear
 
 # %% ../nbs/06c_cost.ipynb #a998441a
 COST_SIZES = (1, 2, 3, 5, 9, 17, 33, 65)      # tree tokens timed (powers of two plus one: the root and 2^k draft tokens)
@@ -45,7 +45,9 @@ def model_fingerprint(model):
         count += p.numel()
         h.update(f"{name}{tuple(p.shape)}".encode())
         if p.device.type != 'meta': h.update(p.detach().flatten()[:64].float().cpu().numpy().tobytes())
-    return dict(model=type(model).__name__, params=count, dtype=str(model.dtype), device=str(input_device(model)), weights=h.hexdigest()[:16])
+    fp = dict(model=type(model).__name__, params=count, dtype=str(model.dtype), device=str(input_device(model)), weights=h.hexdigest()[:16])
+    if any(isinstance(m, BF16Linear) for m in model.modules()): fp['products'] = 'bfloat16'   # the same weights, other products (bf16_products)
+    return fp
 
 def cost_fingerprint(target, draft, small_linear=True, prefix=200, lean=True):
     "The fingerprint of a cost model: machine, both models, and how they were timed."

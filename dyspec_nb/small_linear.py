@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['SMALL_ROWS', 'small_linear_available', 'small_linear', 'small_linear_path', 'rows_linear', 'SmallRowsLinear',
-           'use_small_linear', 'products_seconds']
+           'use_small_linear', 'products_seconds', 'bf16_available', 'bf16_linear', 'BF16Linear', 'bf16_products']
 
 # %% ../nbs/06a_small_linear.ipynb #bd3056d5
 import time, warnings, weakref
@@ -112,3 +112,39 @@ def products_seconds(sizes=(1, 2, 3, 5, 9, 17, 33, 65, 129), layers=30, hidden=5
                 for W in Ws: f(xs[n][W.shape[1]], W)
                 if r: times[(k, n)].append(time.perf_counter() - t0)     # round 0 warms up
     return {k: {n: float(torch.tensor(times[(k, n)]).median()) for n in sizes} for k in fns}
+
+# %% ../nbs/06a_small_linear.ipynb #158423a1
+def bf16_available():
+    "Whether `bf16_linear` runs on the kernel here: the extension is built and the CPU has AVX-512 BF16."
+    return _linear is not None and hasattr(_linear, 'has_bf16') and _linear.has_bf16()
+
+def _bits(t):
+    "The raw bits of a bfloat16 CPU tensor as a uint16 numpy array (what the kernel reads)."
+    return t.contiguous().view(torch.int16).numpy().view('uint16')
+
+def bf16_linear(x,                 # FloatTensor[..., K] on the CPU (rounded to bfloat16 for the product)
+                weight,            # BFloat16Tensor[N, K]
+                bias=None):        # FloatTensor[N] or None
+    "`bf16(x) @ weight.T (+ bias)`, products exact, sums in float32: FloatTensor[..., N]; the kernel for 1..`SMALL_ROWS` gradient-free rows where `bf16_available()`, else `F.linear` on the same values."
+    if weight.dtype != torch.bfloat16 or x.dtype != torch.float32: raise ValueError(f"bf16_linear takes a float32 x and a bfloat16 weight, got {x.dtype} and {weight.dtype}")
+    if x.shape[-1] != weight.shape[1]: raise ValueError(f"x has {x.shape[-1]} features, weight expects {weight.shape[1]}")
+    rows = x.numel() // max(1, x.shape[-1])
+    xb = x.to(torch.bfloat16)                                             # [..., K]
+    if 0 < rows <= SMALL_ROWS and x.device.type == weight.device.type == 'cpu' and not torch.is_grad_enabled() and bf16_available():
+        y = torch.empty(rows, weight.shape[0])                            # [rows, N]
+        _linear.linear_bf16(_bits(xb.reshape(rows, -1)), _bits(weight), y.numpy())
+        y = y.view(*x.shape[:-1], weight.shape[0])
+        return y if bias is None else y.add_(bias.detach())
+    return F.linear(xb.float(), weight.float(), bias)
+
+class BF16Linear(nn.Linear):
+    "An `nn.Linear` whose products are `bf16_linear` with a bfloat16 copy of its weight (`weight_bf16`, made by `bf16_products`; not saved)."
+    def forward(self, x): return bf16_linear(x, self.weight_bf16, self.bias)    # x: [..., K]
+
+def bf16_products(model):
+    "Give every plain float32 `nn.Linear` of `model` bfloat16 products (`BF16Linear`), in place; `model`."
+    for m in model.modules():
+        if type(m) is nn.Linear and m.weight.dtype == torch.float32:
+            m.__class__ = BF16Linear
+            m.register_buffer('weight_bf16', m.weight.detach().to(torch.bfloat16), persistent=False)
+    return model
