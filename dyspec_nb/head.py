@@ -194,12 +194,12 @@ def stacked_weight(head, names):
     if hit is None or hit[0] != key: head._stacks[names] = hit = (key, torch.cat([w.detach() for w in ws]))
     return hit[1]
 
-def rope_table(head, n):
-    "(cos, sin) FloatTensor[m, d], m >= n: the rotary angles of positions 0..m-1, as `rope` computes them (kept on the head, grown by doubling)."
-    if head._rope is None or len(head._rope[0]) < n:
+def rope_table(head, n, device='cpu'):
+    "(cos, sin) FloatTensor[m, d] on `device`, m >= n: the rotary angles of positions 0..m-1, as `rope` computes them (kept on the head, grown by doubling)."
+    if head._rope is None or len(head._rope[0]) < n or head._rope[0].device != torch.device(device):
         d = head.config.head_dim; m = max(256, n, 2 * len(head._rope[0]) if head._rope is not None else 0)
-        inv = head.config.rope_theta ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)   # [d/2]
-        ang = torch.arange(m).float()[:, None] * inv                                # [m, d/2]
+        inv = head.config.rope_theta ** (-torch.arange(0, d, 2, dtype=torch.float32, device=device) / d)   # [d/2]
+        ang = torch.arange(m, device=device).float()[:, None] * inv                 # [m, d/2]
         head._rope = (torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1))
     return head._rope
 
@@ -210,7 +210,7 @@ def lean_head_layer(head, ids, pos, mask, cache, feats):
     lin, norm = _product(head), lambda x, m: F.rms_norm(x, (H,), m.weight, m.variance_epsilon)
     x = lin(torch.cat([norm(head._embed(ids).to(feats.dtype), head.norm_e), norm(feats, head.norm_f)], -1), _weight(head.inp))   # [B, T, H]
     qkv = lin(norm(x, head.attn_norm), stacked_weight(head, ('q', 'k', 'v')))                     # [B, T, (nh + 2 kvh) d]
-    cos, sin = (t[pos][:, None].to(x.dtype) for t in rope_table(head, int(pos.max()) + 1))       # [B, 1, T, d]
+    cos, sin = (t[pos][:, None].to(x.dtype) for t in rope_table(head, int(pos.max()) + 1, pos.device))       # [B, 1, T, d]
     turn = lambda t: t * cos + torch.cat([-t[..., d // 2:], t[..., :d // 2]], -1) * sin           # as `rope`
     q = turn(qkv[..., :nh * d].view(B, T, nh, d).transpose(1, 2))                                # [B, nh, T, d]
     k = turn(qkv[..., nh * d:(nh + kvh) * d].view(B, T, kvh, d).transpose(1, 2))                 # [B, kvh, T, d]
