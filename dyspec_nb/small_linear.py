@@ -114,9 +114,11 @@ def products_seconds(sizes=(1, 2, 3, 5, 9, 17, 33, 65, 129), layers=30, hidden=5
     return {k: {n: float(torch.tensor(times[(k, n)]).median()) for n in sizes} for k in fns}
 
 # %% ../nbs/06a_small_linear.ipynb #158423a1
+_BF16 = _linear is not None and hasattr(_linear, 'has_bf16') and _linear.has_bf16()   # asked once: bf16_linear runs per product
+
 def bf16_available():
     "Whether `bf16_linear` runs on the kernel here: the extension is built and the CPU has AVX-512 BF16."
-    return _linear is not None and hasattr(_linear, 'has_bf16') and _linear.has_bf16()
+    return _BF16
 
 def _bits(t):
     "The raw bits of a bfloat16 CPU tensor as a uint16 numpy array (what the kernel reads)."
@@ -130,7 +132,7 @@ def bf16_linear(x,                 # FloatTensor[..., K] on the CPU (rounded to 
     if x.shape[-1] != weight.shape[1]: raise ValueError(f"x has {x.shape[-1]} features, weight expects {weight.shape[1]}")
     rows = x.numel() // max(1, x.shape[-1])
     xb = x.to(torch.bfloat16)                                             # [..., K]
-    if 0 < rows <= SMALL_ROWS and x.device.type == weight.device.type == 'cpu' and not torch.is_grad_enabled() and bf16_available():
+    if 0 < rows <= SMALL_ROWS and x.device.type == weight.device.type == 'cpu' and not torch.is_grad_enabled() and _BF16:
         y = torch.empty(rows, weight.shape[0])                            # [rows, N]
         _linear.linear_bf16(_bits(xb.reshape(rows, -1)), _bits(weight), y.numpy())
         y = y.view(*x.shape[:-1], weight.shape[0])
