@@ -21,6 +21,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace py = pybind11;
 using i64 = std::int64_t;
@@ -90,15 +91,22 @@ static void columns(const float* x, i64 n, i64 K, const float* w, float* y, i64 
     for (; r < n; ++r) tile(std::integral_constant<int, 1>{}, r);
 }
 
-template <int OB, int RB, Path P>
-static void linear_impl(const float* x, i64 n, i64 K, const float* w, i64 N, float* y) {
+// OpenMP over blocks of CHUNK output columns; block(j, ob) computes output columns j..j + ob - 1 of every row, ob = OB
+// while a block has that many left, then 1
+template <int OB, class Block>
+static void over_columns(i64 N, Block block) {
     i64 tasks = (N + CHUNK - 1) / CHUNK;
     #pragma omp parallel for schedule(static)
     for (i64 t = 0; t < tasks; ++t) {
         i64 j = t * CHUNK, end = std::min(N, j + CHUNK);
-        for (; j + OB <= end; j += OB) columns<OB, RB, P>(x, n, K, w + j * K, y + j, N);
-        for (; j < end; ++j) columns<1, RB, P>(x, n, K, w + j * K, y + j, N);
+        for (; j + OB <= end; j += OB) block(j, std::integral_constant<int, OB>{});
+        for (; j < end; ++j) block(j, std::integral_constant<int, 1>{});
     }
+}
+
+template <int OB, int RB, Path P>
+static void linear_impl(const float* x, i64 n, i64 K, const float* w, i64 N, float* y) {
+    over_columns<OB>(N, [&](i64 j, auto ob) { columns<decltype(ob)::value, RB, P>(x, n, K, w + j * K, y + j, N); });
 }
 
 static bool has_avx2() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
@@ -127,7 +135,7 @@ static void linear(farr x, farr w, farr y, int limit) {
     else linear_impl<2, 4, SCALAR>(xp, n, K, wp, N, yp);
 }
 
-// ---- bfloat16 operands: y[n, N] = x[n, K] @ w[N, K]^T with x and w in bfloat16 (raw uint16 bits), sums in float32 ----
+// ---- bfloat16 operands: y[n, N] = bf16(x[n, K]) @ w[N, K]^T, x rounded to bfloat16 here, w bfloat16 (raw uint16 bits), sums in float32 ----
 // For a draft, whose weights need not be exact: half the weight bytes of float32, and with AVX-512 BF16 one vdpbf16ps
 // multiplies 32 pairs and adds them into 16 float32 lanes (lane l sums k = 2l, 2l + 1 of each 32), twice the arithmetic
 // of a 16-lane float32 FMA. Tiling as above, in 16-lane registers: OB = 6 weight rows x RB = 4 input rows. Each output
@@ -171,23 +179,27 @@ static void columns_bf16(const std::uint16_t* x, i64 n, i64 K, const std::uint16
 
 static bool has_bf16() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"); }
 
-// y[n, N] = x[n, K] @ w[N, K]^T, x and w bfloat16 bits (uint16), y float32; all C-contiguous
-static void linear_bf16(barr x, barr w, farr y) {
+// bf16(f) rounded to nearest even, as PyTorch's float -> bfloat16 conversion (NaN -> 0x7FC0)
+static inline std::uint16_t float_to_bf16(float f) {
+    std::uint32_t u; std::memcpy(&u, &f, 4);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
+    return std::uint16_t((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// y[n, N] = bf16(x[n, K]) @ w[N, K]^T: x float32 (rounded here), w bfloat16 bits (uint16), y float32; all C-contiguous
+static void linear_bf16(farr x, barr w, farr y) {
     if (!has_bf16()) throw std::runtime_error("small_linear: this CPU has no AVX-512 BF16 (check bf16_available() first)");
     if (x.ndim() != 2 || w.ndim() != 2 || y.ndim() != 2) throw std::invalid_argument("small_linear: x, w and y must be 2-D");
     i64 n = x.shape(0), K = x.shape(1), N = w.shape(0);
     if (w.shape(1) != K) throw std::invalid_argument("small_linear: x has " + std::to_string(K) + " columns, w has " + std::to_string(w.shape(1)));
     if (y.shape(0) != n || y.shape(1) != N)
         throw std::invalid_argument("small_linear: y must have shape [" + std::to_string(n) + ", " + std::to_string(N) + "]");
-    const std::uint16_t* xp = x.data(); const std::uint16_t* wp = w.data(); float* yp = y.mutable_data();
+    const float* xf = x.data(); const std::uint16_t* wp = w.data(); float* yp = y.mutable_data();
     py::gil_scoped_release nogil;
-    i64 tasks = (N + CHUNK - 1) / CHUNK;
-    #pragma omp parallel for schedule(static)
-    for (i64 t = 0; t < tasks; ++t) {
-        i64 j = t * CHUNK, end = std::min(N, j + CHUNK);
-        for (; j + 6 <= end; j += 6) columns_bf16<6, 4>(xp, n, K, wp + j * K, yp + j, N);
-        for (; j < end; ++j) columns_bf16<1, 4>(xp, n, K, wp + j * K, yp + j, N);
-    }
+    std::vector<std::uint16_t> xb(std::size_t(n * K));                   // x's rows in bfloat16: read by every block
+    for (i64 i = 0; i < n * K; ++i) xb[i] = float_to_bf16(xf[i]);
+    const std::uint16_t* xp = xb.data();
+    over_columns<6>(N, [&](i64 j, auto ob) { columns_bf16<decltype(ob)::value, 4>(xp, n, K, wp + j * K, yp + j, N); });
 }
 
 static const char* path_name(int limit) {
@@ -198,7 +210,7 @@ PYBIND11_MODULE(_linear, m) {
     m.doc() = "y = x @ W^T for a few rows of x (csrc/small_linear.cpp)";
     m.def("linear", &linear, "y[n, N] = x[n, K] @ w[N, K]^T into y (float32, C-contiguous); limit 2: widest path, 1: AVX2 at most, 0: scalar",
           py::arg("x"), py::arg("w"), py::arg("y"), py::arg("limit") = 2);
-    m.def("linear_bf16", &linear_bf16, "y[n, N] = x[n, K] @ w[N, K]^T into y: x and w bfloat16 bits (uint16), y float32; needs AVX-512 BF16",
+    m.def("linear_bf16", &linear_bf16, "y[n, N] = bf16(x[n, K]) @ w[N, K]^T into y: x float32 (rounded to nearest even), w bfloat16 bits (uint16), y float32; needs AVX-512 BF16",
           py::arg("x"), py::arg("w"), py::arg("y"));
     m.def("has_bf16", &has_bf16, "whether this CPU runs linear_bf16 (AVX-512 BF16)");
     m.def("path", &path_name, "the path `linear` runs at this `limit` on this CPU: 'avx512vl', 'avx2' or 'scalar'", py::arg("limit") = 2);

@@ -4,10 +4,10 @@
 
 # %% auto #0
 __all__ = ['HEAD_TYPE', 'FEATURE_DTYPES', 'HEAD_PRODUCTS', 'default_layers', 'target_fingerprint', 'HeadConfig', 'head_config',
-           'check_head_target', 'rope', 'FeatureHead', 'is_head', 'stacked_weight', 'rope_table', 'lean_head_layer',
-           'FeatureSeq', 'target_features', 'reading_copy', 'token_rows', 'collate_features', 'teacher_features',
-           'unroll_mask', 'unrolled_logits', 'HeadTrainConfig', 'head_metrics', 'train_head', 'tiny_samples',
-           'tiny_head', 'head_dir', 'save_head', 'is_head_folder', 'load_head', 'HeadCache', 'HeadSession']
+           'check_head_target', 'rope', 'FeatureHead', 'is_head', 'rope_table', 'lean_head_layer', 'FeatureSeq',
+           'target_features', 'reading_copy', 'token_rows', 'collate_features', 'teacher_features', 'unroll_mask',
+           'unrolled_logits', 'HeadTrainConfig', 'head_metrics', 'train_head', 'tiny_samples', 'tiny_head', 'head_dir',
+           'save_head', 'is_head_folder', 'load_head', 'HeadCache', 'HeadSession']
 
 # %% ../nbs/07c_head.ipynb #13d5db53
 import copy, hashlib, json, math, time
@@ -22,8 +22,8 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file, load_file
 from .draft import topk_logprobs, length_batches, distill_loss, warmup_cosine
 from .verify import sampling_probs
-from .kv import DraftSession, forward, keep_positions, input_device
-from .small_linear import bf16_products, bf16_linear, rows_linear, BF16Linear, SmallRowsLinear
+from .kv import DraftSession, forward, keep_positions, input_device, stacked
+from .small_linear import bf16_products, linear_product
 
 # %% ../nbs/07c_head.ipynb #60244cd7
 HEAD_TYPE = 'dyspec_feature_head'
@@ -111,7 +111,7 @@ class FeatureHead(nn.Module):
         for m in self.modules():
             if isinstance(m, nn.Linear) and m is not self.lm: nn.init.normal_(m.weight, 0, 0.02)
         self._embed = None                                                          # the target's input embedding (bound, not owned)
-        self._stacks, self._rope = {}, None                                         # the lean call's stacked weights and rotary table (made when first needed)
+        self._rope = None                                                           # the lean call's rotary table (made when first needed)
         self.lean = True                                                            # forward's default: lean_head_layer without gradients
 
     # what the engine and the cost model ask of a draft model
@@ -177,23 +177,6 @@ def is_head(model):
     return isinstance(model, FeatureHead)
 
 # %% ../nbs/07c_head.ipynb #229a9ff5
-def _product(head):
-    "The product the head's modules would run now: bfloat16 operands, the few-row kernel (inside `use_small_linear`) or `F.linear`."
-    if isinstance(head.q, BF16Linear): return bf16_linear
-    return rows_linear if isinstance(head.q, SmallRowsLinear) else F.linear
-
-def _weight(m):
-    "The weight a linear module multiplies by: its bfloat16 copy after `bf16_products`, else its own."
-    return m.weight_bf16 if isinstance(m, BF16Linear) else m.weight
-
-def stacked_weight(head, names):
-    "The weights of `head`'s linear modules `names` stacked [sum of outputs, in]; made again when any of them changes."
-    ws = [_weight(getattr(head, n)) for n in names]
-    key = tuple((w.data_ptr(), w._version, w.dtype) for w in ws)
-    hit = head._stacks.get(names)
-    if hit is None or hit[0] != key: head._stacks[names] = hit = (key, torch.cat([w.detach() for w in ws]))
-    return hit[1]
-
 def rope_table(head, n, device='cpu'):
     "(cos, sin) FloatTensor[m, d] on `device`, m >= n: the rotary angles of positions 0..m-1, as `rope` computes them (kept on the head, grown by doubling)."
     if head._rope is None or len(head._rope[0]) < n or head._rope[0].device != torch.device(device):
@@ -207,9 +190,11 @@ def rope_table(head, n, device='cpu'):
 def lean_head_layer(head, ids, pos, mask, cache, feats):
     "`head.layer(head.inputs(ids, feats), pos, mask, cache.update)` with fewer operations: ids, pos [B, T], feats [B, T, H], mask as `layer` takes it; out [B, T, H]."
     c = head.config; B, T = ids.shape; H, nh, kvh, d = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
-    lin, norm = _product(head), lambda x, m: F.rms_norm(x, (H,), m.weight, m.variance_epsilon)
-    x = lin(torch.cat([norm(head._embed(ids).to(feats.dtype), head.norm_e), norm(feats, head.norm_f)], -1), _weight(head.inp))   # [B, T, H]
-    qkv = lin(norm(x, head.attn_norm), stacked_weight(head, ('q', 'k', 'v')))                     # [B, T, (nh + 2 kvh) d]
+    norm = lambda x, m: F.rms_norm(x, (H,), m.weight, m.variance_epsilon)
+    lin = linear_product(head.q)[0]                                                               # the product the head's modules run now
+    prod = lambda x, name, mods: lin(x, *stacked(head, name, mods))                               # one product for `mods`, weights stacked
+    x = prod(torch.cat([norm(head._embed(ids).to(feats.dtype), head.norm_e), norm(feats, head.norm_f)], -1), 'inp', (head.inp,))   # [B, T, H]
+    qkv = prod(norm(x, head.attn_norm), 'qkv', (head.q, head.k, head.v))                          # [B, T, (nh + 2 kvh) d]
     cos, sin = (t[pos][:, None].to(x.dtype) for t in rope_table(head, int(pos.max()) + 1, pos.device))       # [B, 1, T, d]
     turn = lambda t: t * cos + torch.cat([-t[..., d // 2:], t[..., :d // 2]], -1) * sin           # as `rope`
     q = turn(qkv[..., :nh * d].view(B, T, nh, d).transpose(1, 2))                                # [B, nh, T, d]
@@ -217,9 +202,9 @@ def lean_head_layer(head, ids, pos, mask, cache, feats):
     v = qkv[..., (nh + kvh) * d:].view(B, T, kvh, d).transpose(1, 2)                             # [B, kvh, T, d]
     K, V = (k, v) if cache is None else cache.update(k, v, 0)                                    # [B, kvh, S, d]
     a = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, enable_gqa=True)                # [B, nh, T, d]
-    x = x + lin(a.transpose(1, 2).reshape(B, T, -1), _weight(head.o))
-    gate, up = lin(norm(x, head.mlp_norm), stacked_weight(head, ('gate', 'up'))).chunk(2, -1)    # [B, T, I] each
-    return x + lin(F.silu(gate) * up, _weight(head.down))
+    x = x + prod(a.transpose(1, 2).reshape(B, T, -1), 'o', (head.o,))
+    gate, up = prod(norm(x, head.mlp_norm), 'gate_up', (head.gate, head.up)).chunk(2, -1)         # [B, T, I] each
+    return x + prod(F.silu(gate) * up, 'down', (head.down,))
 
 # %% ../nbs/07c_head.ipynb #fb096f3f
 @dataclass

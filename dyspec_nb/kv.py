@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['STEP_PATHS', 'additive_mask', 'causal_mask', 'input_device', 'forward', 'prefill', 'cache_len', 'keep_positions',
-           'crop_to', 'lean_supported', 'LeanCache', 'new_cache', 'lean_forward', 'DraftSession', 'forward_seconds',
-           'generate_seconds', 'weights_read_seconds', 'target_step_costs']
+           'crop_to', 'lean_supported', 'stacked', 'LeanCache', 'new_cache', 'lean_forward', 'DraftSession',
+           'forward_seconds', 'generate_seconds', 'weights_read_seconds', 'target_step_costs']
 
 # %% ../nbs/06b_kv.ipynb #940699dc
 import inspect, time, weakref
@@ -17,7 +17,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from .tree import random_tree
 from .verify import sampling_probs
 from .tree_attention import tree_mask
-from .small_linear import use_small_linear, rows_linear, SmallRowsLinear, small_linear_path
+from .small_linear import use_small_linear, small_linear_path, linear_product
 
 # %% ../nbs/06b_kv.ipynb #f3e21be5
 def additive_mask(allowed, dtype):
@@ -86,18 +86,24 @@ def lean_supported(model):
     return (isinstance(model, LlamaForCausalLM) and model.config._attn_implementation == 'sdpa'
             and not getattr(model, 'hf_device_map', None) and model.model.embed_tokens.weight.device.type != 'meta')
 
-_STACKED = weakref.WeakKeyDictionary()        # model -> (the weights it was made from, [(qkv weight, qkv bias, gate-up weight, gate-up bias)])
+_STACKS = weakref.WeakKeyDictionary()        # owner -> {name: (the weights' identities and versions, stacked weight, stacked bias)}
 
-def _cat(ts): return None if ts[0] is None else torch.cat([t.detach() for t in ts])
+def _cat(ts):
+    if ts[0] is None: return None
+    return ts[0].detach() if len(ts) == 1 else torch.cat([t.detach() for t in ts])
+
+def stacked(owner, name, mods):
+    "`(weight, bias)`: the weights the linear modules `mods` multiply by (`linear_product`'s: bfloat16 after `bf16_products`) and their biases, stacked along the outputs so that one product does the work of several; kept for `owner` under `name`, made again when any weight changes."
+    ws = [linear_product(m)[1] for m in mods]
+    key = tuple((w.data_ptr(), w._version, w.dtype) for w in ws)
+    memo = _STACKS.setdefault(owner, {})
+    if name not in memo or memo[name][0] != key: memo[name] = (key, _cat(ws), _cat([m.bias for m in mods]))
+    return memo[name][1:]
 
 def _stacked(model):
-    "Per layer: the q, k, v projections' weights (and biases) stacked, and the MLP's gate and up; remade if any weight changed."
-    srcs = [(l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj, l.mlp.gate_proj, l.mlp.up_proj) for l in model.model.layers]
-    key = tuple((m.weight.data_ptr(), m.weight._version) for ms in srcs for m in ms)
-    if model not in _STACKED or _STACKED[model][0] != key:
-        _STACKED[model] = (key, [(_cat([m.weight for m in ms[:3]]), _cat([m.bias for m in ms[:3]]),
-                                  _cat([m.weight for m in ms[3:]]), _cat([m.bias for m in ms[3:]])) for ms in srcs])
-    return _STACKED[model][1]
+    "Per layer: (qkv weight, qkv bias, gate-up weight, gate-up bias), the q, k, v projections stacked and the MLP's gate and up."
+    return [stacked(model, (i, 'qkv'), (l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj)) + stacked(model, (i, 'gate_up'), (l.mlp.gate_proj, l.mlp.up_proj))
+            for i, l in enumerate(model.model.layers)]
 
 class LeanCache:
     "A preallocated KV cache of one model for `lean_forward`: keys and values [layers, kv_heads, capacity, head_dim], positions 0..n-1 valid."
@@ -151,7 +157,7 @@ def lean_forward(model, ids, positions, mask, cache, keep=None, hidden=None):
     d = getattr(c, 'head_dim', None) or c.hidden_size // nh
     dev, q, P = cache.device, len(ids), cache.n
     cache.reserve(P + q)
-    lin = rows_linear if isinstance(m.layers[0].mlp.down_proj, SmallRowsLinear) else F.linear   # as the model's own layers do now
+    lin = linear_product(m.layers[0].mlp.gate_proj)[0]                         # the product the model's own layers run now
     x = m.embed_tokens(ids[None].to(dev))                                      # [1, q, H]
     cos, sin = m.rotary_emb(x, positions[None].to(dev))                        # [1, q, d] each
     mask = mask.to(dev)                                                        # [1, 1, q, P + q]

@@ -4,7 +4,8 @@
 
 # %% auto #0
 __all__ = ['SMALL_ROWS', 'small_linear_available', 'small_linear', 'small_linear_path', 'rows_linear', 'SmallRowsLinear',
-           'use_small_linear', 'products_seconds', 'bf16_available', 'bf16_linear', 'BF16Linear', 'bf16_products']
+           'use_small_linear', 'products_seconds', 'bf16_available', 'bf16_linear', 'BF16Linear', 'bf16_products',
+           'linear_product']
 
 # %% ../nbs/06a_small_linear.ipynb #bd3056d5
 import time, warnings, weakref
@@ -131,13 +132,12 @@ def bf16_linear(x,                 # FloatTensor[..., K] on the CPU (rounded to 
     if weight.dtype != torch.bfloat16 or x.dtype != torch.float32: raise ValueError(f"bf16_linear takes a float32 x and a bfloat16 weight, got {x.dtype} and {weight.dtype}")
     if x.shape[-1] != weight.shape[1]: raise ValueError(f"x has {x.shape[-1]} features, weight expects {weight.shape[1]}")
     rows = x.numel() // max(1, x.shape[-1])
-    xb = x.to(torch.bfloat16)                                             # [..., K]
     if 0 < rows <= SMALL_ROWS and x.device.type == weight.device.type == 'cpu' and not torch.is_grad_enabled() and _BF16:
         y = torch.empty(rows, weight.shape[0])                            # [rows, N]
-        _linear.linear_bf16(_bits(xb.reshape(rows, -1)), _bits(weight), y.numpy())
+        _linear.linear_bf16(x.reshape(rows, -1).contiguous().numpy(), _bits(weight), y.numpy())   # x rounded to bfloat16 in the kernel
         y = y.view(*x.shape[:-1], weight.shape[0])
         return y if bias is None else y.add_(bias.detach())
-    return F.linear(xb.float(), weight.float(), bias)
+    return F.linear(x.to(torch.bfloat16).float(), weight.float(), bias)
 
 class BF16Linear(nn.Linear):
     "An `nn.Linear` whose products are `bf16_linear` with a bfloat16 copy of its weight (`weight_bf16`, made by `bf16_products`; not saved)."
@@ -150,3 +150,8 @@ def bf16_products(model):
             m.__class__ = BF16Linear
             m.register_buffer('weight_bf16', m.weight.detach().to(torch.bfloat16), persistent=False)
     return model
+
+def linear_product(m):
+    "`(product, weight)`: what the linear module `m` runs now, `product(x, weight, m.bias)` being `m(x)`: `bf16_linear` with its bfloat16 copy after `bf16_products`, `rows_linear` inside `use_small_linear`, else `F.linear`."
+    if isinstance(m, BF16Linear): return bf16_linear, m.weight_bf16
+    return (rows_linear if isinstance(m, SmallRowsLinear) else F.linear), m.weight
