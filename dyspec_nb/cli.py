@@ -237,7 +237,7 @@ def main(argv=None):
     t.add_argument('--out', type=Path, required=True, help='folder for the head (config.json, model.safetensors) and its record (recipe.json)')
     t.add_argument('--minutes', type=_positive(float), default=60.0, help='time limit of the whole run, target features and training (default 60)')
     t.add_argument('--conversations', type=_positive(int), default=None, help='ShareGPT training conversations the target reads (default 1000)')
-    t.add_argument('--steps', type=_positive(int), default=None, help='training steps (default 900)')
+    t.add_argument('--steps', type=_positive(int), default=None, help=f'training steps (default {HeadRecipe().train.steps})')
     t.add_argument('--seed', type=int, default=0)
     t.add_argument('--quiet', action='store_true', help='no progress bars')
     r = sub.add_parser('readme', help='regenerate README.md from nbs/index.ipynb')
