@@ -74,7 +74,7 @@ def build_head(target=None, tokenizer=None, out=None, recipe=HeadRecipe(), minut
 def first_head_dir(progress=True):
     "The folder of the first shipped head (`FIRST_RECIPE`, the embedded target), for the trials that started from it: built there once (about an hour), `cache_dir() / 'head_v1'`."
     out = cache_dir() / 'head_v1'
-    if not (out / 'model.safetensors').exists(): build_head(out=out, recipe=FIRST_RECIPE, progress=progress)
+    if not (out / 'model.safetensors').exists(): build_head(out=out, recipe=FIRST_RECIPE, minutes=120, progress=progress)   # its 900 steps, not cut by time
     return out
 
 # %% ../nbs/07d_head_recipe.ipynb #985317dd
