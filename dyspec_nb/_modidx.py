@@ -308,6 +308,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'dyspec_nb.head.unrolled_logits': ('head.html#unrolled_logits', 'dyspec_nb/head.py')},
             'dyspec_nb.head_eval': { 'dyspec_nb.head_eval.agreement_by_confidence': ( 'feature_draft.html#agreement_by_confidence',
                                                                                       'dyspec_nb/head_eval.py'),
+                                     'dyspec_nb.head_eval.drafting_gain': ('feature_draft.html#drafting_gain', 'dyspec_nb/head_eval.py'),
                                      'dyspec_nb.head_eval.engine_runs': ('feature_draft.html#engine_runs', 'dyspec_nb/head_eval.py'),
                                      'dyspec_nb.head_eval.feature_dtypes': ('feature_draft.html#feature_dtypes', 'dyspec_nb/head_eval.py'),
                                      'dyspec_nb.head_eval.head_agreement': ('feature_draft.html#head_agreement', 'dyspec_nb/head_eval.py'),
