@@ -38,6 +38,12 @@ def head_cost(target, head, reps=10):
     t = forward_seconds(dict(target=target, head=head), (1, 16), prefix=200, reps=reps, warmup=2, tree=True)
     return dict(target_1=t['target'][1], head_16=t['head'][16], head_1=t['head'][1], ratio=t['head'][16] / t['target'][1])
 
+def _tally(r, out):
+    "Add one `generate` output's seconds, steps, emitted and accepted draft tokens to the running totals `r`; its tokens, a list."
+    st = out.stats
+    r['seconds'] += st.seconds; r['steps'] += st.steps; r['emitted'] += st.new_tokens; r['accepted'] += sum(x.accepted for x in st.records)
+    return out.tokens.tolist()
+
 def engine_runs(target, drafts, prompts, max_new_tokens=128, budget=8, others=None, progress=True):
     "One interleaved greedy run: per prompt, `target.generate`, then DySpec with each of `drafts` ({name: draft}) at `budget` and 'auto', then `others` builders with the first draft."
     first = next(iter(drafts))
@@ -52,10 +58,7 @@ def engine_runs(target, drafts, prompts, max_new_tokens=128, budget=8, others=No
     for pr in prompts:
         ref, s = hf_generate(target, pr, max_new_tokens); base['seconds'] += s; base['tokens'].append(len(ref)); bar.update()
         for c, dec in decs.items():
-            out = dec.generate(pr, max_new_tokens=max_new_tokens, seed=0)
-            r = res[c]; st = out.stats
-            r['seconds'] += st.seconds; r['steps'] += st.steps; r['emitted'] += st.new_tokens
-            r['accepted'] += sum(x.accepted for x in st.records); r['identical'].append(out.tokens.tolist() == ref)
+            res[c]['identical'].append(_tally(res[c], dec.generate(pr, max_new_tokens=max_new_tokens, seed=0)) == ref)
             bar.update()
     bar.close()
     rows = [dict(draft=c[0], method=c[1], budget=str(c[2]), accepted_per_step=r['accepted'] / max(1, r['steps']),
@@ -193,7 +196,7 @@ def head_trial(target, tok, token_draft, recipe=BREADTH_RECIPE, minutes=60, out=
     return rec
 
 def plot_head_trial(rec, base, out=None):
-    "Validation agreement (depth 1) against training tokens seen, and MT-Bench agreement per depth: `rec` (a `head_trial` record) against `base` (the shipped head's `build_head` record, with its `run_head_eval` agreement as `base['agreement']`)."
+    "Validation agreement (depth 1) against training tokens seen, and MT-Bench agreement per depth: `rec` (a `head_trial` record) against `base` (the first head's `build_head` record, with its `run_head_eval` agreement as `base['agreement']`)."
     import matplotlib.pyplot as plt
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
     runs = {f"{r['recipe']['n_chats']} conversations, {r['steps_done']} steps, {r['recipe'].get('feature_dtype', 'float32')} reading": r for r in (base, rec)}
@@ -249,13 +252,10 @@ def drafting_gain(target, drafts, prompts, max_new_tokens=128, budgets=('auto', 
     decs = {'autoregressive': SpecDecoder(target, None, 'autoregressive', 1)}
     decs.update({f"{n} dyspec {b}": SpecDecoder(target, d, 'dyspec', b) for n, d in drafts.items() for b in budgets})
     for dec in decs.values(): dec.generate(prompts[0], max_new_tokens=4)            # warm up (and measure the cost models)
-    res = {k: dict(seconds=0.0, tokens=0, steps=0, accepted=0, outputs=[]) for k in decs}
+    res = {k: dict(seconds=0.0, steps=0, accepted=0, emitted=0, outputs=[]) for k in decs}
     for pr in tqdm(prompts, desc='prompts', disable=not progress):
-        for k, dec in decs.items():
-            o = dec.generate(pr, max_new_tokens=max_new_tokens, seed=0); r = res[k]; st = o.stats
-            r['seconds'] += st.seconds; r['tokens'] += st.new_tokens; r['steps'] += st.steps
-            r['accepted'] += sum(x.accepted for x in st.records); r['outputs'].append(o.tokens.tolist())
-    ms = {k: 1e3 * r['seconds'] / max(1, r['tokens']) for k, r in res.items()}
+        for k, dec in decs.items(): res[k]['outputs'].append(_tally(res[k], dec.generate(pr, max_new_tokens=max_new_tokens, seed=0)))
+    ms = {k: 1e3 * r['seconds'] / max(1, r['emitted']) for k, r in res.items()}
     rows = {k: dict(ms_per_token=ms[k], speedup=ms['autoregressive'] / ms[k], accepted_per_step=r['accepted'] / max(1, r['steps']),
                     same_tokens=r['outputs'] == res['autoregressive']['outputs']) for k, r in res.items()}
     rec = dict(command=command, threads=torch.get_num_threads(), prompts=len(prompts), max_new_tokens=max_new_tokens, rows=rows)

@@ -94,7 +94,11 @@ def load_default_pair(draft=None):
 @lru_cache(maxsize=2)
 def _shipped(name):
     if name not in SHIPPED_DRAFTS: raise ValueError(f"the shipped drafts are {', '.join(map(repr, SHIPPED_DRAFTS))}, not {name!r}")
-    return load_draft() if name == 'token' else load_head(head_dir(), load_target()[0], products=SHIPPED_HEAD_PRODUCTS)
+    return load_draft() if name == 'token' else _shipped_head(load_target()[0])
+
+def _shipped_head(target):
+    "The shipped head bound to `target` (a ValueError unless it is the head's target), with `SHIPPED_HEAD_PRODUCTS`."
+    return load_head(head_dir(), target, products=SHIPPED_HEAD_PRODUCTS)
 
 def load_local(name):
     "A causal LM (fp32, eval mode) from a local folder or a name in the local cache; a ValueError saying why not."
@@ -113,7 +117,7 @@ def load_pair(target=None, draft=None):
     if target is None and (draft is None or draft in SHIPPED_DRAFTS): return load_default_pair(draft)
     t, tok = load_local_target(target)
     if draft is None or draft == 'token': d = _shipped('token')    # another target: the token draft (SpecDecoder checks the vocabularies)
-    elif draft == 'head': d = load_head(head_dir(), t, products=SHIPPED_HEAD_PRODUCTS)   # ValueError unless t is the head's target
+    elif draft == 'head': d = _shipped_head(t)
     elif is_head_folder(draft): d = load_head(draft, t)            # ... and for any head: made for this target?
     else: d = load_local(draft)
     return t, d, tok
