@@ -7,11 +7,11 @@ __all__ = ['HEAD_TYPE', 'FEATURE_DTYPES', 'HEAD_PRODUCTS', 'default_layers', 'ta
            'check_head_target', 'rope', 'FeatureHead', 'is_head', 'rope_table', 'lean_head_layer', 'FeatureSeq',
            'target_features', 'reading_copy', 'token_rows', 'collate_features', 'teacher_features', 'unroll_mask',
            'unrolled_logits', 'HeadTrainConfig', 'head_metrics', 'train_head', 'tiny_samples', 'tiny_head', 'head_dir',
-           'save_head', 'is_head_folder', 'load_head', 'HeadCache', 'HeadSession']
+           'save_head', 'is_head_folder', 'load_head', 'rebind_vocab', 'HeadCache', 'HeadSession']
 
 # %% ../nbs/07c_head.ipynb #13d5db53
 import copy, hashlib, json, math, time
-from dataclasses import dataclass, asdict, field
+from dataclasses import dataclass, asdict, field, replace
 from pathlib import Path
 import torch, torch.nn as nn, torch.nn.functional as F
 from tqdm.auto import tqdm
@@ -417,6 +417,16 @@ def load_head(folder, target, dtype=torch.float32, products='float32'):
     if missing: raise ValueError(f"{folder / 'model.safetensors'} lacks {', '.join(missing)}")
     head = head.to(dtype).bind(target).eval()
     return bf16_products(head) if products == 'bfloat16' else head
+
+# %% ../nbs/07c_head.ipynb #7460edb6
+@torch.no_grad()
+def rebind_vocab(head, target, vocab_ids):
+    "`head`'s decoder layer over another vocabulary: a new `FeatureHead` (float32 products) with the same weights, bound to `target` (its own, checked) with the output rows of `vocab_ids`."
+    ids = torch.as_tensor(vocab_ids, dtype=torch.long).flatten()                               # [K']
+    if ids.numel() == 0: raise ValueError("vocab_ids must hold at least one token id")
+    out = FeatureHead(replace(head.config, draft_vocab_size=ids.numel()))
+    out.load_state_dict({k: v for k, v in head.state_dict().items() if k not in ('lm.weight', 'vocab_ids')}, strict=False)
+    return out.to(head.dtype).bind(target, ids).train(head.training)
 
 # %% ../nbs/07c_head.ipynb #904389f7
 class HeadCache(DynamicCache):
