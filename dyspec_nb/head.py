@@ -7,7 +7,7 @@ __all__ = ['HEAD_TYPE', 'FEATURE_DTYPES', 'HEAD_PRODUCTS', 'default_layers', 'ta
            'check_head_target', 'rope', 'FeatureHead', 'is_head', 'rope_table', 'lean_head_layer', 'FeatureSeq',
            'target_features', 'reading_copy', 'token_rows', 'collate_features', 'teacher_features', 'unroll_mask',
            'unrolled_logits', 'HeadTrainConfig', 'head_metrics', 'train_head', 'tiny_samples', 'tiny_head', 'head_dir',
-           'save_head', 'is_head_folder', 'load_head', 'rebind_vocab', 'HeadCache', 'HeadSession']
+           'save_head', 'is_head_folder', 'with_products', 'load_head', 'rebind_vocab', 'HeadCache', 'HeadSession']
 
 # %% ../nbs/07c_head.ipynb #13d5db53
 import copy, hashlib, json, math, time
@@ -395,9 +395,14 @@ def is_head_folder(folder):
 
 HEAD_PRODUCTS = ('float32', 'bfloat16')
 
-def load_head(folder, target, dtype=torch.float32, products='float32'):
-    "The head saved in `folder`, checked against `target` (ValueError naming any mismatch) and bound to it; `products='bfloat16'`: `bf16_products`."
+def with_products(head, products='float32'):
+    "`head` with `products` ('float32' as it is, 'bfloat16': `bf16_products`, in place); a ValueError for anything else."
     if products not in HEAD_PRODUCTS: raise ValueError(f"products must be one of {HEAD_PRODUCTS}, got {products!r}")
+    return bf16_products(head) if products == 'bfloat16' else head
+
+def load_head(folder, target, dtype=torch.float32, products='float32'):
+    "The head saved in `folder`, checked against `target` (ValueError naming any mismatch) and bound to it, with `products` (`with_products`)."
+    if products not in HEAD_PRODUCTS: raise ValueError(f"products must be one of {HEAD_PRODUCTS}, got {products!r}")   # before any work
     folder = Path(folder)
     for f in ('config.json', 'model.safetensors'):
         if not (folder / f).exists(): raise FileNotFoundError(f"no feature head at {folder}: {f} is missing")
@@ -415,18 +420,17 @@ def load_head(folder, target, dtype=torch.float32, products='float32'):
     except RuntimeError as e: raise ValueError(f"{folder / 'model.safetensors'} does not fit the config: {e}") from None
     missing = [k for k in head.state_dict() if not k.startswith('lm.') and k not in sd]
     if missing: raise ValueError(f"{folder / 'model.safetensors'} lacks {', '.join(missing)}")
-    head = head.to(dtype).bind(target).eval()
-    return bf16_products(head) if products == 'bfloat16' else head
+    return with_products(head.to(dtype).bind(target).eval(), products)
 
 # %% ../nbs/07c_head.ipynb #7460edb6
 @torch.no_grad()
-def rebind_vocab(head, target, vocab_ids):
-    "`head`'s decoder layer over another vocabulary: a new `FeatureHead` (float32 products) with the same weights, bound to `target` (its own, checked) with the output rows of `vocab_ids`."
+def rebind_vocab(head, target, vocab_ids, products='float32'):
+    "`head`'s decoder layer over another vocabulary: a new `FeatureHead` with the same weights and `products` (`with_products`), bound to `target` (its own, checked) with the output rows of `vocab_ids`."
     ids = torch.as_tensor(vocab_ids, dtype=torch.long).flatten()                               # [K']
     if ids.numel() == 0: raise ValueError("vocab_ids must hold at least one token id")
     out = FeatureHead(replace(head.config, draft_vocab_size=ids.numel()))
     out.load_state_dict({k: v for k, v in head.state_dict().items() if k not in ('lm.weight', 'vocab_ids')}, strict=False)
-    return out.to(head.dtype).bind(target, ids).train(head.training)
+    return with_products(out.to(head.dtype).bind(target, ids).train(head.training), products)
 
 # %% ../nbs/07c_head.ipynb #904389f7
 class HeadCache(DynamicCache):
