@@ -201,6 +201,7 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
                               seed, len(calibration or []), calibration_tokens)
     machine = dict(platform=platform.platform(), threads=torch.get_num_threads(), torch=torch.__version__)
     if previous is not None:            # resume: keep the finished parts, their costs, calibration and Sequoia depths
+        if costs is not None: raise ValueError("costs= with previous=: a resumed run keeps the step costs of its record")
         check_resumable(previous, settings)
         p = copy.deepcopy(previous)
         settings['datasets'] = {**p['settings']['datasets'], **settings['datasets']}

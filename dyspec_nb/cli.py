@@ -183,9 +183,9 @@ def bench_run(args, argv=()):
 
 def train_draft_run(args):
     "`dyspec train-draft`: the head recipe of 07d_head_recipe for `--target`, written to `--out` with its record; None if `--out` is in use."
+    r = HeadRecipe(seed=args.seed, **({'serve_vocab': args.serve_vocab} if args.serve_vocab else {}))   # checks it against the trained vocabulary
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())): return None
-    r = HeadRecipe(seed=args.seed)
     if args.conversations: r.n_chats, r.n_val = args.conversations, max(1, min(r.n_val, args.conversations // 8))
     if args.steps: r.train = dataclasses.replace(r.train, steps=args.steps, eval_every=max(1, min(r.train.eval_every, args.steps)))
     target, tok = load_local_target(args.target)
@@ -238,6 +238,8 @@ def main(argv=None):
     t.add_argument('--minutes', type=_positive(float), default=60.0, help='time limit of the whole run, target features and training (default 60)')
     t.add_argument('--conversations', type=_positive(int), default=None, help='ShareGPT training conversations the target reads (default 1000)')
     t.add_argument('--steps', type=_positive(int), default=None, help=f'training steps (default {HeadRecipe().train.steps})')
+    t.add_argument('--serve-vocab', type=_positive(int), default=None,
+                   help=f'tokens the saved head proposes, the most probable of the {HeadRecipe().vocab:,} it learns (default {HeadRecipe().serve_vocab:,}; more costs more per call)')
     t.add_argument('--seed', type=int, default=0)
     t.add_argument('--quiet', action='store_true', help='no progress bars')
     r = sub.add_parser('readme', help='regenerate README.md from nbs/index.ipynb')

@@ -20,6 +20,7 @@ from .small_linear import use_small_linear
 from .kv import DraftSession, additive_mask, forward, prefill, keep_positions, input_device, new_cache
 from .cost import CostModel, cost_model
 from .head import HeadSession, HeadCache, is_head, check_head_target, unrolled_logits
+from .draft import layer_states
 
 # %% ../nbs/08_engine.ipynb #aa9a1d48
 @dataclass
@@ -342,7 +343,7 @@ def teacher_forced_rows(target, draft, prompt, new_tokens, temperature=0.0, draf
     else:                                                                                           # the head reads the target's features
         if n < 2: raise ValueError("a feature head's rows need a prompt of at least two tokens")
         o = target(ids, output_hidden_states=True)
-        feats = torch.cat([o.hidden_states[l] for l in draft.config.layers], -1)                   # [1, L, 3H]
+        feats = layer_states(o.hidden_states, draft.config.layers)                                  # [1, L, 3H]
         r = unrolled_logits(draft, ids[:, 1:], feats[:, :-1], 1)[0][0]                             # [L-1, K]: index i is position i + 1
         lt, ld = o.logits[0, n - 1:-1].float(), draft.full_logits(r[n - 2:-1]).float()
     return sampling_probs(lt, temperature), sampling_probs(ld, draft_temperature)

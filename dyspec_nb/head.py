@@ -20,7 +20,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.models.llama.modeling_llama import LlamaRMSNorm as RMSNorm
 from safetensors import SafetensorError
 from safetensors.torch import save_file, load_file
-from .draft import topk_logprobs, length_batches, distill_loss, warmup_cosine
+from .draft import topk_logprobs, length_batches, distill_loss, warmup_cosine, layer_states
 from .verify import sampling_probs
 from .kv import DraftSession, forward, keep_positions, input_device, stacked
 from .small_linear import bf16_products, linear_product
@@ -225,7 +225,7 @@ def target_features(target, seqs, layers, k=8, batch_tokens=4096, starts=None, p
         ids = torch.full((len(idx), L), pad_id, dtype=torch.long)
         for b, i in enumerate(idx): ids[b, :seqs[i].shape[-1]] = seqs[i].reshape(-1)
         o = target(input_ids=ids, output_hidden_states=True)
-        hs = torch.cat([o.hidden_states[l] for l in layers], -1)                   # [b, L, 3H]
+        hs = layer_states(o.hidden_states, layers)                                  # [b, L, 3H]
         v, t = topk_logprobs(o.logits.float(), k)                                   # [b, L, k] (in float32 whatever the target's dtype)
         for b, i in enumerate(idx):
             n = seqs[i].shape[-1]

@@ -18,6 +18,7 @@ from .tree import random_tree
 from .verify import sampling_probs
 from .tree_attention import tree_mask
 from .small_linear import use_small_linear, small_linear_path, linear_product
+from .draft import layer_states
 
 # %% ../nbs/06b_kv.ipynb #f3e21be5
 def additive_mask(allowed, dtype):
@@ -55,7 +56,7 @@ def forward(model, ids, positions, mask, cache, keep=None,
     logits = out.logits[0]                                   # [q or len(keep), V]
     if keep is not None and not trimmed: logits = logits[keep.to(logits.device)]
     if not hidden: return logits.float().cpu()
-    return logits.float().cpu(), torch.cat([out.hidden_states[l][0] for l in hidden], -1).float().cpu()
+    return logits.float().cpu(), layer_states(out.hidden_states, hidden)[0].float().cpu()
 
 def prefill(model, ids, cache, keep=None, hidden=None):
     "`forward` of `ids` (LongTensor[n]) as a causal chain at positions 0..n-1, into an empty `cache`."
@@ -187,7 +188,7 @@ def lean_forward(model, ids, positions, mask, cache, keep=None, hidden=None):
     logits = model.full_logits(model.reduced_logits(h)) if hasattr(model, 'reduced_logits') else model.lm_head(h)   # the draft's reduced head
     if not hidden: return logits.float().cpu()
     states[-1] = x
-    return logits.float().cpu(), torch.cat([states[i][0] for i in hidden], -1).float().cpu()
+    return logits.float().cpu(), layer_states(states, hidden)[0].float().cpu()
 
 # %% ../nbs/06b_kv.ipynb #4d671806
 class DraftSession:
