@@ -346,6 +346,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                        'dyspec_nb.head_recipe.build_head': ('head_recipe.html#build_head', 'dyspec_nb/head_recipe.py'),
                                        'dyspec_nb.head_recipe.first_head_dir': ( 'head_recipe.html#first_head_dir',
                                                                                  'dyspec_nb/head_recipe.py'),
+                                       'dyspec_nb.head_recipe.fresh_head': ('head_recipe.html#fresh_head', 'dyspec_nb/head_recipe.py'),
                                        'dyspec_nb.head_recipe.plot_head_recipe': ( 'head_recipe.html#plot_head_recipe',
                                                                                    'dyspec_nb/head_recipe.py'),
                                        'dyspec_nb.head_recipe.recipe_data': ('head_recipe.html#recipe_data', 'dyspec_nb/head_recipe.py')},

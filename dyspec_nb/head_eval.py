@@ -20,9 +20,9 @@ from .data import mtbench_questions, mtbench_prompts, sharegpt_chats
 from .draft import continuation_metrics, choose_vocab
 from .distill import mtbench_eval_data
 from .head import (target_features, reading_copy, head_metrics, collate_features, token_rows, unrolled_logits, HeadTrainConfig,
-                            load_head, head_dir, HEAD_PRODUCTS, FeatureHead, head_config, train_head)
+                            load_head, head_dir, HEAD_PRODUCTS, head_config, train_head)
 from .small_linear import bf16_available
-from .head_recipe import HeadRecipe, build_head, FIRST_RECIPE, first_head_dir, recipe_data
+from .head_recipe import HeadRecipe, build_head, FIRST_RECIPE, first_head_dir, recipe_data, fresh_head
 from .kv import forward_seconds
 from .engine import SpecDecoder
 from .peers import hf_generate
@@ -318,12 +318,11 @@ INITS = ('random', 'last layer', 'last layer, scaled')
 def last_layer_init(head, target, scale_to=None):
     "`head`'s decoder layer (attention, MLP and their norms) copied from `target`'s last decoder layer, in place; with `scale_to` (`FeatureSeq`s), its input projection scaled so that the layer's input has the RMS of the target's highest fused layer there. `head`."
     L, H = target.model.layers[-1], head.config.hidden_size
-    pairs = ((head.q, L.self_attn.q_proj), (head.k, L.self_attn.k_proj), (head.v, L.self_attn.v_proj), (head.o, L.self_attn.o_proj),
-             (head.gate, L.mlp.gate_proj), (head.up, L.mlp.up_proj), (head.down, L.mlp.down_proj),
-             (head.attn_norm, L.input_layernorm), (head.mlp_norm, L.post_attention_layernorm))
-    bad = [f"{type(m).__name__} {tuple(m.weight.shape)} against {tuple(t.weight.shape)}" for m, t in pairs if m.weight.shape != t.weight.shape]
+    pairs = {'q': L.self_attn.q_proj, 'k': L.self_attn.k_proj, 'v': L.self_attn.v_proj, 'o': L.self_attn.o_proj, 'gate': L.mlp.gate_proj,
+             'up': L.mlp.up_proj, 'down': L.mlp.down_proj, 'attn_norm': L.input_layernorm, 'mlp_norm': L.post_attention_layernorm}
+    bad = [f"{n} {tuple(getattr(head, n).weight.shape)} against {tuple(t.weight.shape)}" for n, t in pairs.items() if getattr(head, n).weight.shape != t.weight.shape]
     if bad: raise ValueError("the head's layer does not have the target's last layer's shape: " + '; '.join(bad))
-    for mine, theirs in pairs: mine.weight.copy_(theirs.weight)
+    for n, t in pairs.items(): getattr(head, n).weight.copy_(t.weight)
     if scale_to:
         s = scale_to[0]; n = min(49, len(s.ids) - 1)
         high = torch.cat([q.feats[:, -H:].float() for q in scale_to[:50]])              # [positions, H]: the highest fused layer
@@ -344,8 +343,7 @@ def init_trial(target, tokenizer, inits=INITS, recipe=HeadRecipe(n_chats=300, n_
                high_rms=float(torch.cat([s.feats[:, -H:].float() for s in data[:50]]).pow(2).mean().sqrt()), arms={})
     for name in inits:
         torch.manual_seed(recipe.seed)
-        head = FeatureHead(cfg).bind(target, vocab)
-        with torch.no_grad(): head.norm.weight.copy_(target.model.norm.weight)    # as build_head does
+        head = fresh_head(target, cfg, vocab)                                        # as build_head starts
         if name != 'random': last_layer_init(head, target, data if name == 'last layer, scaled' else None)
         t0 = time.time()
         hist = train_head(head, data, replace(recipe.train, steps=steps, eval_every=100), val=val, progress=progress)
