@@ -321,6 +321,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'dyspec_nb.head_eval.head_markdown': ('feature_draft.html#head_markdown', 'dyspec_nb/head_eval.py'),
                                      'dyspec_nb.head_eval.head_products': ('feature_draft.html#head_products', 'dyspec_nb/head_eval.py'),
                                      'dyspec_nb.head_eval.head_trial': ('feature_draft.html#head_trial', 'dyspec_nb/head_eval.py'),
+                                     'dyspec_nb.head_eval.high_rms': ('feature_draft.html#high_rms', 'dyspec_nb/head_eval.py'),
                                      'dyspec_nb.head_eval.init_trial': ('feature_draft.html#init_trial', 'dyspec_nb/head_eval.py'),
                                      'dyspec_nb.head_eval.last_layer_init': ( 'feature_draft.html#last_layer_init',
                                                                               'dyspec_nb/head_eval.py'),
