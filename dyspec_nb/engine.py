@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 from .tree import TokenTree
 from .builders import BUILDERS, COST_AWARE, MAX_BUDGET, run_options
 from .verify import sampling_probs, verify_path
-from .tree_attention import tree_mask, register_tree_attention, kernel_verified
+from .tree_attention import tree_mask, register_tree_attention, kernel_verified, kernel_pays
 from .small_linear import use_small_linear
 from .kv import DraftSession, additive_mask, forward, prefill, keep_positions, input_device, new_cache
 from .cost import CostModel, cost_model
@@ -153,7 +153,7 @@ class SpecDecoder:
         self.auto = auto and method != 'autoregressive'
         self.costs = (costs or cost_model(target, draft, small_linear, lean=lean)) if self.auto else None   # after the checks: may measure
         if self.auto: self.options = dict(options, costs=self.costs.step_costs(budget))
-        self.kernel = attention == 'triton' or (attention == 'auto' and input_device(target).type == 'cuda' and kernel_verified())
+        self.kernel = attention == 'triton' or (attention == 'auto' and input_device(target).type == 'cuda' and kernel_verified() and kernel_pays())
         if self.kernel: register_tree_attention(target)     # the target verifies trees with the block-sparse kernel, in DFS order
 
 def _budget_label(self: SpecDecoder):
