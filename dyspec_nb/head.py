@@ -218,18 +218,19 @@ class FeatureSeq:
 
 @torch.no_grad()
 def target_features(target, seqs, layers, k=8, batch_tokens=4096, starts=None, progress=True, pad_id=2):
-    "A `FeatureSeq` per LongTensor[1, L] of `seqs`: one target forward per batch (right-padded, so causal attention needs no mask)."
+    "A `FeatureSeq` per LongTensor[1, L] of `seqs`, on the CPU: one target forward per batch on the target's device (right-padded, so causal attention needs no mask)."
     out = [None] * len(seqs)
     for idx in tqdm(length_batches([s.shape[-1] for s in seqs], batch_tokens), desc='target features', disable=not progress):
         L = max(seqs[i].shape[-1] for i in idx)
         ids = torch.full((len(idx), L), pad_id, dtype=torch.long)
         for b, i in enumerate(idx): ids[b, :seqs[i].shape[-1]] = seqs[i].reshape(-1)
-        o = target(input_ids=ids, output_hidden_states=True)
+        o = target(input_ids=ids.to(target.device), output_hidden_states=True)
         hs = layer_states(o.hidden_states, layers)                                  # [b, L, 3H]
         v, t = topk_logprobs(o.logits.float(), k)                                   # [b, L, k] (in float32 whatever the target's dtype)
         for b, i in enumerate(idx):
             n = seqs[i].shape[-1]
-            out[i] = FeatureSeq(ids[b, :n].clone(), hs[b, :n].half().clone(), t[b, :n].int().clone(), v[b, :n].half().clone(),
+            cpu = lambda x: x.to('cpu', copy=True)                                   # a copy: the batch is not kept alive
+            out[i] = FeatureSeq(ids[b, :n].clone(), cpu(hs[b, :n].half()), cpu(t[b, :n].int()), cpu(v[b, :n].half()),
                                 1 if starts is None else max(1, starts[i]))
     return out
 
@@ -275,13 +276,13 @@ def unroll_mask(T, s):
 def unrolled_logits(head, ids, feats, steps):
     "Reduced logits [b, T, K] of each unrolled step: step 0 reads the target's features, step s the head's own output at step s-1, one position back."
     B, T = ids.shape
-    pos = torch.arange(1, T + 1).expand(B, T)                                       # x_j sits at position j
+    pos = torch.arange(1, T + 1, device=ids.device).expand(B, T)                    # x_j sits at position j
     e = head.norm_e(head._embed(ids).to(head.dtype))                                # [b, T, H]
     f, ks, vs, outs = head.fuse(feats.to(head.dtype)), [], [], []
     for s in range(steps):
         x = head.inp(torch.cat([e, head.norm_f(f)], -1))
         past = lambda k, v: (torch.cat(ks + [k], 2), torch.cat(vs + [v], 2))
-        g, k, v = head.layer(x, pos, unroll_mask(T, s)[None, None], past)
+        g, k, v = head.layer(x, pos, unroll_mask(T, s).to(ids.device)[None, None], past)
         ks.append(k); vs.append(v); outs.append(head.reduced_logits(g))
         f = F.pad(g[:, :-1], (0, 0, 1, 0))                                          # a depth-(s+1) node reads its parent's output
     return outs
@@ -300,7 +301,7 @@ class HeadTrainConfig:
     seed: int = 0
     eval_every: int = 100            # steps between validation passes (when there is validation data)
     minutes: float = None            # stop early after this many minutes of training
-    compute_dtype: str = 'float32'   # the head's forward and backward run in this dtype ('bfloat16': CPU autocast; weights, optimizer and loss stay float32)
+    compute_dtype: str = 'float32'   # the head's forward and backward run in this dtype ('bfloat16': autocast on the head's device; weights, optimizer and loss stay float32)
 
     def __post_init__(self):
         if self.compute_dtype not in FEATURE_DTYPES: raise ValueError(f"compute_dtype must be one of {FEATURE_DTYPES}, got {self.compute_dtype!r}")
@@ -308,11 +309,11 @@ class HeadTrainConfig:
 @torch.no_grad()
 def head_metrics(head, data, unroll=3, batch_tokens=4096):
     "Agreement with the target's top-1 and KL on its stored top-k, per unrolled step (depth 0 = the root's children), over the scored positions of `data`."
-    rows = token_rows(head.vocab_ids, head.config.vocab_size); K = head.config.draft_vocab_size
+    rows = token_rows(head.vocab_ids.cpu(), head.config.vocab_size); K = head.config.draft_vocab_size; dev = head.fuse.weight.device
     was = head.training; head.eval()
     agree, kl, n = [0.0] * unroll, [0.0] * unroll, [0.0] * unroll
     for idx in length_batches([len(s.ids) for s in data], batch_tokens):
-        ids, feats, tid, tp, w = collate_features(data, idx, rows, K)
+        ids, feats, tid, tp, w = (x.to(dev) for x in collate_features(data, idx, rows, K))   # batches are built on the CPU
         for s, r in enumerate(unrolled_logits(head, ids, feats, unroll)):
             ws = w.clone(); ws[:, :s] = 0                                           # a depth-s node needs s real ancestors
             agree[s] += float(((r.argmax(-1) == tid[..., 0]) * ws).sum()); kl[s] += float((distill_loss(r, tid, tp) * ws).sum()); n[s] += float(ws.sum())
@@ -320,9 +321,9 @@ def head_metrics(head, data, unroll=3, batch_tokens=4096):
     return dict(agreement=[a / max(m, 1) for a, m in zip(agree, n)], kl=[x / max(m, 1) for x, m in zip(kl, n)], positions=int(n[0]))
 
 def train_head(head, data, cfg=HeadTrainConfig(), val=None, progress=True, log_every=10):
-    "Distil the target's top-k rows into `head` with `cfg.unroll` steps of training-time test; the loss and validation curves."
+    "Distil the target's top-k rows into `head` (on its device; `data` on the CPU) with `cfg.unroll` steps of training-time test; the loss and validation curves."
     torch.manual_seed(cfg.seed); g = torch.Generator().manual_seed(cfg.seed)
-    rows = token_rows(head.vocab_ids, head.config.vocab_size); K = head.config.draft_vocab_size
+    rows = token_rows(head.vocab_ids.cpu(), head.config.vocab_size); K = head.config.draft_vocab_size; dev = head.fuse.weight.device
     batches = length_batches([len(s.ids) for s in data], cfg.batch_tokens)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -335,10 +336,10 @@ def train_head(head, data, cfg=HeadTrainConfig(), val=None, progress=True, log_e
     bar = tqdm(range(cfg.steps), desc='training head', disable=not progress, mininterval=5)
     for s in bar:
         if not order: order = torch.randperm(len(batches), generator=g).tolist()
-        ids, feats, tid, tp, w = collate_features(data, batches[order.pop()], rows, K)
+        ids, feats, tid, tp, w = (x.to(dev) for x in collate_features(data, batches[order.pop()], rows, K))
         for gr in opt.param_groups: gr['lr'] = warmup_cosine(cfg, s)
         loss = 0.0
-        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=cfg.compute_dtype == 'bfloat16'):
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.compute_dtype == 'bfloat16'):
             outs = unrolled_logits(head, ids, feats, cfg.unroll)                   # [b, T, K] per unrolled step
         for st, r in enumerate(outs):
             ws = w.clone(); ws[:, :st] = 0
