@@ -219,7 +219,7 @@ class FeatureSeq:
 @torch.no_grad()
 def target_features(target, seqs, layers, k=8, batch_tokens=4096, starts=None, progress=True, pad_id=2):
     "A `FeatureSeq` per LongTensor[1, L] of `seqs`, on the CPU: one target forward per batch on the target's device (right-padded, so causal attention needs no mask)."
-    out = [None] * len(seqs)
+    out, cpu = [None] * len(seqs), lambda x: x.to('cpu', copy=True)              # copies: a batch is not kept alive by its rows
     for idx in tqdm(length_batches([s.shape[-1] for s in seqs], batch_tokens), desc='target features', disable=not progress):
         L = max(seqs[i].shape[-1] for i in idx)
         ids = torch.full((len(idx), L), pad_id, dtype=torch.long)
@@ -229,7 +229,6 @@ def target_features(target, seqs, layers, k=8, batch_tokens=4096, starts=None, p
         v, t = topk_logprobs(o.logits.float(), k)                                   # [b, L, k] (in float32 whatever the target's dtype)
         for b, i in enumerate(idx):
             n = seqs[i].shape[-1]
-            cpu = lambda x: x.to('cpu', copy=True)                                   # a copy: the batch is not kept alive
             out[i] = FeatureSeq(ids[b, :n].clone(), cpu(hs[b, :n].half()), cpu(t[b, :n].int()), cpu(v[b, :n].half()),
                                 1 if starts is None else max(1, starts[i]))
     return out
