@@ -578,6 +578,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                     'dyspec_nb/tree_attention.py'),
                                           'dyspec_nb.tree_attention._check_qkv': ( 'tree_attention.html#_check_qkv',
                                                                                    'dyspec_nb/tree_attention.py'),
+                                          'dyspec_nb.tree_attention._device_record': ( 'tree_attention.html#_device_record',
+                                                                                       'dyspec_nb/tree_attention.py'),
                                           'dyspec_nb.tree_attention._scale': ('tree_attention.html#_scale', 'dyspec_nb/tree_attention.py'),
                                           'dyspec_nb.tree_attention.block_index': ( 'tree_attention.html#block_index',
                                                                                     'dyspec_nb/tree_attention.py'),

@@ -395,10 +395,8 @@ def scale_trial(target, tok, chats, minutes=4.0, batch_tokens=8192, n_val=32, re
     t0 = time.time(); hist = train_head(head, data, replace(tcfg, steps=steps, minutes=1.5 * minutes), val=val, progress=progress)
     t_train = time.time() - t0
     if recipe.serve_vocab < cfg.draft_vocab_size: head = rebind_vocab(head, target, choose_vocab(data, recipe.serve_vocab, cfg.vocab_size)).to(dev)
-    if ev is None:
-        e = mtbench_eval_data(target, tok, progress=progress)                        # TeacherSeq: prompt + 128 greedy tokens (cached)
-        ev = ([s.ids[None, :-1] for s in e], [s.n_prompt - 1 for s in e])
-    ev_feats = target_features(target, ev[0], cfg.layers, starts=ev[1], progress=progress)
+    ev_feats = (mtbench_features(target, tok, cfg.layers, progress)[1] if ev is None else
+                target_features(target, ev[0], cfg.layers, starts=ev[1], progress=progress))
     base = (load_head(hour_head_dir(), target) if base is None else base).to(dev)
     agreement = dict(head=head_metrics(head, ev_feats, 4), base=head_metrics(base, ev_feats, 4))
     if folder is not None: save_head(head.cpu(), folder)

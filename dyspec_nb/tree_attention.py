@@ -234,19 +234,23 @@ def gpu_check_record():
     "Path of the GPU check's record, `results/tree_attention_check_gpu.json` of the project beside the package."
     return Path(dyspec_nb.__file__).resolve().parents[1]/'results'/GPU_CHECK
 
+def _device_record(path, device):
+    "The JSON record at `path` if it was written on `device` (default: the current CUDA device) with this torch and triton; None otherwise, and for a missing or damaged file."
+    import triton
+    if device is None and torch.cuda.is_available(): device = torch.cuda.get_device_name()
+    if device is None or not path.exists(): return None
+    try: r = json.loads(path.read_text())
+    except ValueError: return None                                   # a damaged record says nothing
+    same = isinstance(r, dict) and (r.get('device'), r.get('torch'), r.get('triton')) == (device, torch.__version__, triton.__version__)
+    return r if same else None
+
 def kernel_verified(record=None,   # path of the GPU check's record (default: `gpu_check_record()`)
                     device=None):  # the CUDA device's name (default: the current one; None without CUDA)
     """True only when the GPU check (`dyspec gpu-check`) passed on this device with this torch and triton, the first of
     the two conditions for `attention='auto'` to run the target on the kernel (`kernel_pays` is the second). Without CUDA,
     or without a matching record, False."""
-    import triton
-    if device is None and torch.cuda.is_available(): device = torch.cuda.get_device_name()
-    path = Path(record) if record is not None else gpu_check_record()
-    if device is None or not path.exists(): return False
-    try: r = json.loads(path.read_text())
-    except ValueError: return False                                  # a damaged record verifies nothing
-    return (r.get('passed') is True and r.get('device') == device and r.get('torch') == torch.__version__
-            and r.get('triton') == triton.__version__)
+    r = _device_record(Path(record) if record is not None else gpu_check_record(), device)
+    return r is not None and r.get('passed') is True
 
 ENGINE_GPU = 'engine_gpu.json'   # the engine's GPU timings, written by the GPU check
 
@@ -255,14 +259,8 @@ def kernel_pays(record=None,   # path of the engine's GPU timings (default: `res
     """True only when the GPU check's engine timings on this device, torch and triton show decoding faster on the kernel:
     less time per token with `attention='triton'` than with PyTorch attention, summed over every prompt and method of
     the record. A kernel that is verified but slower is not chosen by `attention='auto'`."""
-    import triton
-    if device is None and torch.cuda.is_available(): device = torch.cuda.get_device_name()
-    path = Path(record) if record is not None else gpu_check_record().parent / ENGINE_GPU
-    if device is None or not path.exists(): return False
-    try: r = json.loads(path.read_text())
-    except ValueError: return False
-    if (r.get('device'), r.get('torch'), r.get('triton')) != (device, torch.__version__, triton.__version__): return False
+    r = _device_record(Path(record) if record is not None else gpu_check_record().parent / ENGINE_GPU, device)
+    if r is None: return False
     ms = {a: sum(v['ms_per_token'] for row in r.get('prompts_rows', []) for k, v in row.items() if isinstance(v, dict) and k.endswith('_' + a))
           for a in ('default', 'triton')}
     return 0 < ms['triton'] < ms['default']
-
