@@ -20,9 +20,9 @@ from .data import mtbench_questions, mtbench_prompts, sharegpt_chats
 from .draft import continuation_metrics, choose_vocab
 from .distill import mtbench_eval_data
 from .head import (target_features, reading_copy, head_metrics, collate_features, token_rows, unrolled_logits, HeadTrainConfig,
-                            load_head, head_dir, HEAD_PRODUCTS, head_config, train_head, save_head, rebind_vocab)
+                            load_head, head_dir, HEAD_PRODUCTS, head_config, train_head, save_head)
 from .small_linear import bf16_available
-from .head_recipe import HeadRecipe, build_head, FIRST_RECIPE, first_head_dir, hour_head_dir, recipe_data, fresh_head
+from .head_recipe import HeadRecipe, build_head, FIRST_RECIPE, first_head_dir, hour_head_dir, recipe_data, fresh_head, served_head
 from .kv import forward_seconds
 from .engine import SpecDecoder
 from .peers import hf_generate
@@ -394,7 +394,7 @@ def scale_trial(target, tok, chats, minutes=4.0, batch_tokens=8192, n_val=32, re
     head = fresh_head(target, cfg, vocab).to(dev)                                    # as build_head starts
     t0 = time.time(); hist = train_head(head, data, replace(tcfg, steps=steps, minutes=1.5 * minutes), val=val, progress=progress)
     t_train = time.time() - t0
-    if recipe.serve_vocab < cfg.draft_vocab_size: head = rebind_vocab(head, target, choose_vocab(data, recipe.serve_vocab, cfg.vocab_size)).to(dev)
+    head = served_head(head, target, data, recipe)                                   # as build_head ends
     ev_feats = (mtbench_features(target, tok, cfg.layers, progress)[1] if ev is None else
                 target_features(target, ev[0], cfg.layers, starts=ev[1], progress=progress))
     base = (load_head(hour_head_dir(), target) if base is None else base).to(dev)
