@@ -9,6 +9,8 @@
 //    a block, block sums accumulated in block order, x = u * total, first block whose running sum exceeds x, then the
 //    first token in it whose running sum exceeds x - (sum of the blocks before). torch.cumsum on the CPU accumulates
 //    in the same order, so both give the same token and the same r = w[y] / total, bit for bit;
+//  * a negative uniform asks for a top draw (draws='top'): the most probable undrawn token, the first of equals, with the
+//    same r = w[y] / total;
 //  * the heap pops the largest value first and, among equal values, the slot pushed first (Python's heapq on
 //    (-value, counter)).
 // What C++ saves: only the block of a drawn token is summed again (BLOCK additions instead of V), and the loop, heap and
@@ -61,9 +63,21 @@ struct Residual {
     void sum_total() { tot = 0.0; sq = 0.0; for (double b : bsum) tot += b; for (double b : bsq) sq += b; }
     // Expected probability of the next drawn token under the residual: sum of squared residual probabilities.
     double collision() const { return sq / (tot * tot); }
+    // The most probable undrawn token (the first of equals) and its weight: what a top draw takes.
+    std::pair<i64, double> top() const {
+        i64 y = -1; double wy = -1.0;
+        for (i64 b = 0; b < nb; ++b) {
+            if (!(bsum[b] > 0)) continue;
+            scan_block(b, [&](i64 j, double w) { if (w > wy) { y = j; wy = w; } return false; });
+        }
+        return {y, wy};
+    }
+    // The probability r of the next child's token before it is drawn: collision() for a random draw, the top token's for a top draw.
+    double expected_r(bool top_draw) const { return top_draw ? top().second / tot : collision(); }
 
-    // Token drawn with uniform u, and its probability r under the current residual.
+    // Token drawn with uniform u, and its probability r under the current residual; u < 0: a top draw.
     std::pair<i64, double> draw(double u) const {
+        if (u < 0) { auto [y, wy] = top(); return {y, wy / tot}; }
         double x = u * tot, run = 0.0, base = 0.0;
         i64 k = -1, last = -1;
         for (i64 b = 0; b < nb; ++b) {
@@ -234,6 +248,7 @@ py::tuple dyspec_greedy(i64 root, py::function expand, i64 budget,
                         py::array_t<double, py::array::c_style | py::array::forcecast> uniforms,
                         i64 max_depth, double atol, py::object verify, double call, double scale) {
     const double* us = uniforms_of(uniforms, budget);
+    const bool top = us[0] < 0;                               // negative uniforms: top draws
     Pace pace(verify, call, scale, budget);
     Builder b(root, std::move(expand), atol);
     std::priority_queue<Slot, std::vector<Slot>, SlotOrder> heap;
@@ -246,10 +261,10 @@ py::tuple dyspec_greedy(i64 root, py::function expand, i64 budget,
         if (!residual[s.node]) {
             if (pace.on && b.n() > 1 && !pace.pays(b.n() - 1, s.v, 0.0, true)) break;   // the call and the draw would not pay
             residual[s.node] = std::move(b.rows_for({s.node})[0]);
-            if (pace.on) pace.called(residual[s.node]->collision());
+            if (pace.on) pace.called(residual[s.node]->expected_r(top));
         }
         Residual& R = *residual[s.node];
-        if (pace.on && !pace.pays(b.n() - 1, s.v, R.collision(), false)) break;
+        if (pace.on && !pace.pays(b.n() - 1, s.v, R.expected_r(top), false)) break;
         auto [y, r] = R.draw(us[draws++]);
         i64 child = b.add(y, s.node, s.v);
         if (pace.on) pace.drew(s.v, r);
@@ -266,6 +281,7 @@ py::tuple dyspec_threshold(i64 root, py::function expand, i64 budget,
                            py::array_t<double, py::array::c_style | py::array::forcecast> uniforms,
                            double threshold, i64 max_depth, double atol, py::object verify, double call, double scale) {
     const double* us = uniforms_of(uniforms, budget);
+    const bool top = us[0] < 0;                               // negative uniforms: top draws
     Pace pace(verify, call, scale, budget);
     bool cut = false;
     Builder b(root, std::move(expand), atol);
@@ -278,7 +294,7 @@ py::tuple dyspec_threshold(i64 root, py::function expand, i64 budget,
         if (pace.on && b.n() > 1 && !pace.pays(b.n() - 1, vmax, 0.0, true)) { cut = true; break; }   // the layer's call would not pay
         auto res = b.rows_for(nodes);                         // one batched draft call for the whole layer
         if (pace.on) for (i64 i = 0; i < (i64)res.size(); ++i) {
-            if (i == 0) pace.called(res[i]->collision()); else pace.fetched(res[i]->collision());
+            if (i == 0) pace.called(res[i]->expected_r(top)); else pace.fetched(res[i]->expected_r(top));
         }
         std::priority_queue<Slot, std::vector<Slot>, SlotOrder> heap;
         for (i64 i = 0; i < (i64)layer.size(); ++i) heap.push({layer[i].second, tick++, i});   // node: index in layer
@@ -287,7 +303,7 @@ py::tuple dyspec_threshold(i64 root, py::function expand, i64 budget,
             Slot s = heap.top(); heap.pop();
             Residual& R = *res[s.node];
             i64 u = layer[s.node].first;
-            if (pace.on && !pace.pays(b.n() - 1, s.v, R.collision(), false)) { cut = true; continue; }   // drop this slot
+            if (pace.on && !pace.pays(b.n() - 1, s.v, R.expected_r(top), false)) { cut = true; continue; }   // drop this slot
             auto [y, r] = R.draw(us[draws++]);
             i64 child = b.add(y, u, s.v);
             if (pace.on) pace.drew(s.v, r);

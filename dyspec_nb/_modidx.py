@@ -539,6 +539,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'dyspec_nb.tree.DraftResidual.collision': ('tree.html#draftresidual.collision', 'dyspec_nb/tree.py'),
                                 'dyspec_nb.tree.DraftResidual.draw': ('tree.html#draftresidual.draw', 'dyspec_nb/tree.py'),
                                 'dyspec_nb.tree.DraftResidual.exhausted': ('tree.html#draftresidual.exhausted', 'dyspec_nb/tree.py'),
+                                'dyspec_nb.tree.DraftResidual.expected_r': ('tree.html#draftresidual.expected_r', 'dyspec_nb/tree.py'),
                                 'dyspec_nb.tree.DraftResidual.prob': ('tree.html#draftresidual.prob', 'dyspec_nb/tree.py'),
                                 'dyspec_nb.tree.DraftResidual.probs': ('tree.html#draftresidual.probs', 'dyspec_nb/tree.py'),
                                 'dyspec_nb.tree.DraftResidual.remove': ('tree.html#draftresidual.remove', 'dyspec_nb/tree.py'),

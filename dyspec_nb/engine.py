@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 from .tree import TokenTree
-from .builders import BUILDERS, COST_AWARE, MAX_BUDGET, run_options
+from .builders import BUILDERS, COST_AWARE, MAX_BUDGET, TOP_DRAWS, run_options
 from .verify import sampling_probs, verify_path
 from .tree_attention import tree_mask, register_tree_attention, kernel_verified, kernel_pays
 from .small_linear import use_small_linear
@@ -196,7 +196,9 @@ def decode_step(target, draft, seq, tcache, dcache, build, budget, generator, *,
     nodes, out = verify_path(tree, q, p, generator)
     root_accept = root_estimate = 0.0
     if (options or {}).get('costs') is not None and q[0].sum() > 0:          # the calibration of the cost rule (see generate)
-        root_accept, root_estimate = float(torch.minimum(p[0], q[0]).sum()), float((q[0] * q[0]).sum())
+        if (options or {}).get('draws') == 'top':                            # the root's first child is q's top token, accepted with p's probability
+            y = int(q[0].argmax()); root_accept, root_estimate = float(p[0, y]), float(q[0, y])
+        else: root_accept, root_estimate = float(torch.minimum(p[0], q[0]).sum()), float((q[0] * q[0]).sum())
     t_verify = time.perf_counter()
     for i, tok in enumerate(out):
         if tok in eos: out = out[:i + 1]; break
@@ -270,6 +272,7 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
         stats.prefill = time.perf_counter() - t0
     build = BUILDERS.get(self.method)
     options = run_options(build, self.options)                                # e.g. an adaptive threshold: fresh each call
+    if temperature == 0 and self.method in TOP_DRAWS: options.setdefault('draws', 'top')   # greedy: propose the draft's most probable tokens
     n_prompt = len(seq)
     calib = [1.0, 1.0, 1]         # budget='auto': sums of root_accept and root_estimate, and their steps, after a prior step
     skipped = 0                   # steps in a row without a draft call

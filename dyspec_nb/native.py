@@ -36,7 +36,7 @@ def _rows_array(rows):
 
 def build_native(kind,            # 'greedy' (Algorithm 1), 'threshold' (Algorithm 2) or 'eagle2' (EAGLE-2's beam and rerank)
                  root_token, draft, budget,
-                 uniforms=None,   # FloatTensor[budget] (float64): the uniform of the k-th draw (DySpec's builders)
+                 uniforms=None,   # FloatTensor[budget] (float64): the uniform of the k-th draw (DySpec's builders); all -1: top draws
                  threshold=None, max_depth=None, topk=None, depth=None,
                  costs=None,      # a builders.StepCosts (checked by the caller) for the cost rule of DySpec's builders
                  report=None):    # a dict that receives 'cut': whether the threshold builder's cost rule dropped a slot
@@ -61,7 +61,8 @@ def build_native(kind,            # 'greedy' (Algorithm 1), 'threshold' (Algorit
             tokens, parents, scores, cut = _native.dyspec_threshold(root_token, expand, budget, us, threshold, md, **cost)
             if report is not None: report['cut'] = cut
         else: raise ValueError(f"kind must be 'greedy', 'threshold' or 'eagle2', got {kind!r}")
-        keep, mode = list(range(len(tokens))), WITHOUT_REPLACEMENT   # DySpec's builders keep every node they add
+        keep = list(range(len(tokens)))                     # DySpec's builders keep every node they add
+        mode = DETERMINISTIC if us[0] < 0 else WITHOUT_REPLACEMENT                  # top draws: chosen, not drawn
     new = torch.full((len(tokens),), -1, dtype=torch.long); new[keep] = torch.arange(len(keep))   # node -> index kept
     tree = TokenTree([tokens[i] for i in keep], [int(new[parents[i]]) if parents[i] >= 0 else -1 for i in keep],
                      mode, [scores[i] for i in keep])

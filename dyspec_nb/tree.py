@@ -35,12 +35,15 @@ class DraftResidual:
         "Draw the next child's token (without removing it)."
         return int(torch.multinomial(self.w, 1, generator=generator))
     def draw(self, u):
-        "`(token, probability)` of the next child by two-level inverse-CDF sampling with the uniform `u` in [0, 1)."
+        "`(token, probability)` of the next child by two-level inverse-CDF sampling with the uniform `u` in [0, 1); `u` < 0: the most probable undrawn token (the first of equals)."
         B = CDF_BLOCK
         w = torch.nn.functional.pad(self.w, (0, -len(self.w) % B)).view(-1, B)   # [nb, B], zero-padded
         within = w.cumsum(1)                     # [nb, B]: running sums inside each block, in index order
         cum = within[:, -1].cumsum(0)            # [nb]: running sums of the block sums
         total = cum[-1]
+        if u < 0:                                # a top draw: no randomness
+            y = int(self.w.argmax())
+            return y, float(self.w[y] / total)
         x = u * total
         k = int(torch.searchsorted(cum, x.reshape(1), right=True))        # first block whose running sum exceeds x
         if k == len(cum): k = int((within[:, -1] > 0).nonzero()[-1])     # x rounded up to the total
@@ -62,6 +65,9 @@ class DraftResidual:
         "Expected probability r of the next child's token before it is drawn: sum of squared residual probabilities."
         s = self.w.sum()
         return float((self.w * self.w).sum() / (s * s))
+    def expected_r(self, top=False):
+        "The probability r of the next child's token before it is drawn: `collision()` for a random draw, the largest residual probability for a top draw."
+        return float(self.w.max() / self.w.sum()) if top else self.collision()
 
 # %% ../nbs/01_tree.ipynb #40163c4b
 def check_distributions(rows, name='rows', n=None, V=None, atol=1e-3):
