@@ -562,7 +562,7 @@ def eagle2(root_token, draft, budget, generator=None, *,
 BUILDERS = dict(dyspec=dyspec, dyspec_threshold=dyspec_threshold, dyspec_adaptive=dyspec_adaptive, sequoia=sequoia, specinfer=specinfer,
                 chain=chain, opt_tree=opt_tree, c2t=c2t, eagle2=eagle2)
 COST_AWARE = ('dyspec', 'dyspec_threshold', 'dyspec_adaptive')   # the builders that take `costs` (budget='auto' in the engine)
-TOP_DRAWS = ('dyspec', 'dyspec_threshold', 'dyspec_adaptive')    # the builders that take `draws` (the engine's default at T = 0: 'top')
+TOP_DRAWS = COST_AWARE        # DySpec's builders also take `draws` (the engine's default at T = 0: 'top')
 
 def run_options(build, options=None, state=None):
     "A copy of `options` for one decoding run of `build`; a stateful builder also gets `state` (by default the one in `options`, else a fresh dict)."
