@@ -13,6 +13,11 @@
 // of 8, the lanes added in a fixed tree, then the k tail in order. So a row's result does not depend on how many rows
 // are in the call nor on which instruction set ran it, and the result is deterministic. Threads: OpenMP over blocks of
 // 48 output columns (the same runtime as PyTorch's, libgomp).
+//
+// Fetching ahead: while a block's first tile of input rows runs, the same loop asks the memory system for the weight rows
+// of the block `ahead` blocks further on (prefetch hints: no arithmetic changes, an address past the end is harmless).
+// Without it, at a tree step's 4-16 rows each block waits for its weights and then computes, one after the other. At one
+// row the CPU's own prefetchers keep up and the hints only cost instructions: none are issued.
 #include <pybind11/pybind11.h>
 #include <pybind11/numpy.h>
 #include <immintrin.h>
@@ -28,8 +33,10 @@ using i64 = std::int64_t;
 using farr = py::array_t<float, py::array::c_style>;
 
 constexpr i64 CHUNK = 48;   // output columns per OpenMP task (a multiple of every OB)
+static int ahead = 4;        // fetch the weight rows of the block this many blocks on (0: no prefetch hints); set_ahead
 
-// y[r * ldy + o] = dot(w[o * K: (o + 1) * K], x[r * K: (r + 1) * K]) for o < OB, r < RB; one body, compiled twice below
+// y[r * ldy + o] = dot(w[o * K: (o + 1) * K], x[r * K: (r + 1) * K]) for o < OB, r < RB, and prefetch hints for the rows at
+// `next` (unless null); one body, compiled twice below
 #define DYSPEC_TILE_BODY                                                                                                   \
     __m256 acc[OB][RB];                                                                                                    \
     for (int o = 0; o < OB; ++o) for (int r = 0; r < RB; ++r) acc[o][r] = _mm256_setzero_ps();                             \
@@ -37,6 +44,7 @@ constexpr i64 CHUNK = 48;   // output columns per OpenMP task (a multiple of eve
     for (; k + 8 <= K; k += 8) {                                                                                           \
         __m256 wv[OB];                                                                                                     \
         for (int o = 0; o < OB; ++o) wv[o] = _mm256_loadu_ps(w + o * K + k);                                               \
+        if (next) for (int o = 0; o < OB; ++o) _mm_prefetch(reinterpret_cast<const char*>(next + o * K + k), _MM_HINT_T0);   \
         for (int r = 0; r < RB; ++r) {                                                                                     \
             __m256 xv = _mm256_loadu_ps(x + r * K + k);                                                                    \
             for (int o = 0; o < OB; ++o) acc[o][r] = _mm256_fmadd_ps(wv[o], xv, acc[o][r]);                                \
@@ -51,13 +59,13 @@ constexpr i64 CHUNK = 48;   // output columns per OpenMP task (a multiple of eve
     }
 
 template <int OB, int RB>
-__attribute__((target("avx2,fma"))) static inline void tile_avx2(const float* x, const float* w, i64 K, float* y, i64 ldy) {
+__attribute__((target("avx2,fma"))) static inline void tile_avx2(const float* x, const float* w, i64 K, float* y, i64 ldy, const float* next) {
     DYSPEC_TILE_BODY
 }
 
 // the same instructions, EVEX-encoded: ymm16-31 hold the larger tile's accumulators
 template <int OB, int RB>
-__attribute__((target("avx2,fma,avx512f,avx512vl"))) static inline void tile_avx512vl(const float* x, const float* w, i64 K, float* y, i64 ldy) {
+__attribute__((target("avx2,fma,avx512f,avx512vl"))) static inline void tile_avx512vl(const float* x, const float* w, i64 K, float* y, i64 ldy, const float* next) {
     DYSPEC_TILE_BODY
 }
 
@@ -76,13 +84,15 @@ static inline void tile_scalar(const float* x, const float* w, i64 K, float* y, 
 
 enum Path { SCALAR = 0, AVX2 = 1, AVX512VL = 2 };
 
-// OB output columns for all n rows: tiles of RB rows, then of 2, then of 1
+// OB output columns for all n rows: tiles of RB rows, then of 2, then of 1; the first fetches the rows `ahead` blocks on
 template <int OB, int RB, Path P>
 static void columns(const float* x, i64 n, i64 K, const float* w, float* y, i64 N) {
+    const float* later = ahead && n > 1 ? w + ahead * OB * K : nullptr;   // one row: the CPU's prefetchers keep up, hints only cost
     auto tile = [&](auto rb, i64 r) {
         constexpr int R = decltype(rb)::value;
-        if constexpr (P == AVX512VL) tile_avx512vl<OB, R>(x + r * K, w, K, y + r * N, N);
-        else if constexpr (P == AVX2) tile_avx2<OB, R>(x + r * K, w, K, y + r * N, N);
+        const float* next = r == 0 ? later : nullptr;
+        if constexpr (P == AVX512VL) tile_avx512vl<OB, R>(x + r * K, w, K, y + r * N, N, next);
+        else if constexpr (P == AVX2) tile_avx2<OB, R>(x + r * K, w, K, y + r * N, N, next);
         else tile_scalar<OB, R>(x + r * K, w, K, y + r * N, N);
     };
     i64 r = 0;
@@ -147,13 +157,15 @@ using barr = py::array_t<std::uint16_t, py::array::c_style>;
 static inline float bf16_to_float(std::uint16_t b) { std::uint32_t u = std::uint32_t(b) << 16; float f; std::memcpy(&f, &u, 4); return f; }
 
 template <int OB, int RB>
-__attribute__((target("avx512f,avx512bf16"))) static inline void tile_bf16(const std::uint16_t* x, const std::uint16_t* w, i64 K, float* y, i64 ldy) {
+__attribute__((target("avx512f,avx512bf16"))) static inline void tile_bf16(const std::uint16_t* x, const std::uint16_t* w, i64 K, float* y, i64 ldy,
+                                                                          const std::uint16_t* next) {
     __m512 acc[OB][RB];
     for (int o = 0; o < OB; ++o) for (int r = 0; r < RB; ++r) acc[o][r] = _mm512_setzero_ps();
     i64 k = 0;
     for (; k + 32 <= K; k += 32) {
         __m512bh wv[OB];
         for (int o = 0; o < OB; ++o) wv[o] = (__m512bh)_mm512_loadu_si512(w + o * K + k);
+        if (next) for (int o = 0; o < OB; ++o) _mm_prefetch(reinterpret_cast<const char*>(next + o * K + k), _MM_HINT_T0);
         for (int r = 0; r < RB; ++r) {
             __m512bh xv = (__m512bh)_mm512_loadu_si512(x + r * K + k);
             for (int o = 0; o < OB; ++o) acc[o][r] = _mm512_dpbf16_ps(acc[o][r], wv[o], xv);
@@ -171,10 +183,11 @@ __attribute__((target("avx512f,avx512bf16"))) static inline void tile_bf16(const
 
 template <int OB, int RB>
 static void columns_bf16(const std::uint16_t* x, i64 n, i64 K, const std::uint16_t* w, float* y, i64 N) {
+    const std::uint16_t* later = ahead && n > 1 ? w + ahead * OB * K : nullptr;   // as `columns`
     i64 r = 0;
-    for (; r + RB <= n; r += RB) tile_bf16<OB, RB>(x + r * K, w, K, y + r * N, N);
-    for (; r + 2 <= n; r += 2) tile_bf16<OB, 2>(x + r * K, w, K, y + r * N, N);
-    for (; r < n; ++r) tile_bf16<OB, 1>(x + r * K, w, K, y + r * N, N);
+    for (; r + RB <= n; r += RB) tile_bf16<OB, RB>(x + r * K, w, K, y + r * N, N, r == 0 ? later : nullptr);
+    for (; r + 2 <= n; r += 2) tile_bf16<OB, 2>(x + r * K, w, K, y + r * N, N, r == 0 ? later : nullptr);
+    for (; r < n; ++r) tile_bf16<OB, 1>(x + r * K, w, K, y + r * N, N, r == 0 ? later : nullptr);
 }
 
 static bool has_bf16() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bf16"); }
@@ -212,6 +225,10 @@ PYBIND11_MODULE(_linear, m) {
           py::arg("x"), py::arg("w"), py::arg("y"), py::arg("limit") = 2);
     m.def("linear_bf16", &linear_bf16, "y[n, N] = bf16(x[n, K]) @ w[N, K]^T into y: x float32 (rounded to nearest even), w bfloat16 bits (uint16), y float32; needs AVX-512 BF16",
           py::arg("x"), py::arg("w"), py::arg("y"));
+    m.def("set_ahead", [](int blocks) {
+        if (blocks < 0 || blocks > 64) throw std::invalid_argument("small_linear: ahead must be 0..64 blocks, got " + std::to_string(blocks));
+        ahead = blocks; }, "fetch the weight rows this many blocks of output columns ahead (0: no prefetch hints)", py::arg("blocks"));
+    m.def("get_ahead", [] { return ahead; }, "how many blocks ahead the kernel fetches weight rows");
     m.def("has_bf16", &has_bf16, "whether this CPU runs linear_bf16 (AVX-512 BF16)");
     m.def("path", &path_name, "the path `linear` runs at this `limit` on this CPU: 'avx512vl', 'avx2' or 'scalar'", py::arg("limit") = 2);
 }
