@@ -13,8 +13,9 @@
 //    same r = w[y] / total;
 //  * the heap pops the largest value first and, among equal values, the slot pushed first (Python's heapq on
 //    (-value, counter)).
-// What C++ saves: only the block of a drawn token is summed again (BLOCK additions instead of V), and the loop, heap and
-// bookkeeping run without the interpreter. No libtorch: rows arrive as float32 numpy arrays through a Python callback.
+// What C++ saves: only the block of a drawn token is summed again (BLOCK additions instead of V), top draws read block
+// maxima kept the same way, and the loop, heap and bookkeeping run without the interpreter. No libtorch: rows arrive as
+// float32 numpy arrays through a Python callback.
 #include <pybind11/pybind11.h>
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
@@ -43,6 +44,8 @@ struct Residual {
     double sq = 0.0;
     std::vector<i64> drawn;          // drawn tokens, sorted
     bool uniform = false;            // support used up: weight 1 on every undrawn token
+    mutable std::vector<double> bmax;    // per block: its largest residual weight and that token (the first of equals);
+    mutable std::vector<i64> barg;       // for top draws, filled on the first one and kept by remove
 
     // Visit the tokens j of block k in order with their residual weight w; stop when f(j, w) returns true.
     template <class F> void scan_block(i64 k, F f) const {
@@ -63,13 +66,17 @@ struct Residual {
     void sum_total() { tot = 0.0; sq = 0.0; for (double b : bsum) tot += b; for (double b : bsq) sq += b; }
     // Expected probability of the next drawn token under the residual: sum of squared residual probabilities.
     double collision() const { return sq / (tot * tot); }
-    // The most probable undrawn token (the first of equals) and its weight: what a top draw takes.
+    void max_block(i64 k) const {    // bmax[k], barg[k] from scratch
+        double m = -1.0; i64 a = -1;
+        scan_block(k, [&](i64 j, double w) { if (w > m) { m = w; a = j; } return false; });
+        bmax[k] = m; barg[k] = a;
+    }
+    // The most probable undrawn token (the first of equals) and its weight: what a top draw takes. The first call scans
+    // the row (V tokens), later ones the block maxima (V / BLOCK): `remove` keeps them.
     std::pair<i64, double> top() const {
+        if (bmax.empty()) { bmax.resize(nb); barg.resize(nb); for (i64 b = 0; b < nb; ++b) max_block(b); }
         i64 y = -1; double wy = -1.0;
-        for (i64 b = 0; b < nb; ++b) {
-            if (!(bsum[b] > 0)) continue;
-            scan_block(b, [&](i64 j, double w) { if (w > wy) { y = j; wy = w; } return false; });
-        }
+        for (i64 b = 0; b < nb; ++b) if (bsum[b] > 0 && bmax[b] > wy) { y = barg[b]; wy = bmax[b]; }
         return {y, wy};
     }
     // The probability r of the next child's token before it is drawn: collision() for a random draw, the top token's for a top draw.
@@ -106,11 +113,13 @@ struct Residual {
     void remove(i64 y) {
         drawn.insert(std::upper_bound(drawn.begin(), drawn.end(), y), y);
         sum_block(y / BLOCK);
+        if (!bmax.empty()) max_block(y / BLOCK);
         sum_total();
         if (!(tot > 0) && !uniform) {               // support used up: uniform over the undrawn tokens
             uniform = true;
             for (i64 b = 0; b < nb; ++b) sum_block(b);
             sum_total();
+            bmax.clear();                           // the maxima again on the next top draw
         }
     }
     bool exhausted() const { return !(tot > 0); }
