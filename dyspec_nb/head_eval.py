@@ -55,8 +55,8 @@ def _tally(r, out):
     return out.tokens.tolist()
 
 def interleaved_runs(target, runs, prompts, max_new_tokens=128, progress=True):
-    """One interleaved greedy run: per prompt, `target.generate`, then each of `runs` ({key: (SpecDecoder, keyword arguments
-    of its `generate`)}) with seed 0. `(generate_ms_per_token, {key: row})`, a row's accepted draft tokens and tokens per step,
+    """One interleaved greedy run: per prompt, `target.generate`, then each of `runs` ({key: (decoder, keyword arguments
+    of its `generate`)}: a `SpecDecoder` or anything with its `generate`, such as `AheadDecoder`) with seed 0. `(generate_ms_per_token, {key: row})`, a row's accepted draft tokens and tokens per step,
     speedup over `target.generate`, ms/token, and whether its outputs equal `target.generate`'s (all, and how many prompts)."""
     for dec, kw in runs.values(): dec.generate(prompts[0], max_new_tokens=4, **kw)  # warm up (and measure the cost models)
     hf_generate(target, prompts[0], 4)
