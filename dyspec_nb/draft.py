@@ -113,11 +113,13 @@ def layer_states(hidden_states, layers):
 @torch.no_grad()
 def teacher_batch(target, prompts, new_tokens, k, temperatures, generator, eos_id=2, pad_id=2,
                   layers=None):   # indices into the target's hidden_states: keep them too (a feature head's training data)
-    "Generate from the target for a batch of prompts (LongTensor[1, L] each); a TeacherSeq per prompt."
-    B, P = len(prompts), max(p.shape[1] for p in prompts)
+    """Generate from the target for a batch of prompts (LongTensor[1, L] each); a TeacherSeq per prompt, on the CPU.
+    The target runs on its own device; the next tokens are drawn on the CPU with `generator`, so a seed gives the same answers on any device."""
+    B, P, dev = len(prompts), max(p.shape[1] for p in prompts), target.device
     ids = torch.full((B, P), pad_id, dtype=torch.long); mask = torch.zeros(B, P, dtype=torch.long)
     for i, p in enumerate(prompts): ids[i, P - p.shape[1]:] = p[0]; mask[i, P - p.shape[1]:] = 1   # left padding
     pos = (mask.cumsum(-1) - 1).clamp(min=0)                                                   # [B, P]
+    ids, mask, pos = ids.to(dev), mask.to(dev), pos.to(dev)
     cache = DynamicCache()
     hid = dict(output_hidden_states=True) if layers else {}
     feats = lambda o: layer_states(o.hidden_states, layers).half() if layers else None   # [B, q, len(layers) * H]
@@ -125,7 +127,7 @@ def teacher_batch(target, prompts, new_tokens, k, temperatures, generator, eos_i
     logits = o.logits
     tv, ti = topk_logprobs(logits, k)                                                          # [B, P, k]
     rows_v, rows_i, rows_f = [tv], [ti], [feats(o)]
-    v, i = tv[:, -1], ti[:, -1]                                                                # [B, k]: last position
+    v, i = tv[:, -1].cpu(), ti[:, -1].cpu()                                                    # [B, k]: last position, drawn from on the CPU
     del logits
     alive = torch.ones(B, dtype=torch.bool); gen = []
     temps = torch.as_tensor(temperatures, dtype=torch.float32)                                 # [B]; 0 = greedy
@@ -136,14 +138,15 @@ def teacher_batch(target, prompts, new_tokens, k, temperatures, generator, eos_i
         nxt = torch.where(alive, nxt, torch.full_like(nxt, pad_id))
         gen.append(nxt); alive = alive & (nxt != eos_id)
         if t == new_tokens - 1 or not alive.any(): break
-        mask = torch.cat([mask, torch.ones(B, 1, dtype=torch.long)], 1)
+        mask = torch.cat([mask, torch.ones(B, 1, dtype=torch.long, device=dev)], 1)
         pos = pos[:, -1:] + 1
-        o = target(input_ids=nxt[:, None], attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, **hid)
+        o = target(input_ids=nxt[:, None].to(dev), attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True, **hid)
         v, i = topk_logprobs(o.logits[:, -1], k)                                               # [B, k]
         rows_v.append(v[:, None]); rows_i.append(i[:, None]); rows_f.append(feats(o))
+        v, i = v.cpu(), i.cpu()
     G = torch.stack(gen, 1)                                                                    # [B, T]
-    RV, RI = torch.cat(rows_v, 1), torch.cat(rows_i, 1)                                        # [B, P + T - 1, k]
-    RF = torch.cat(rows_f, 1) if layers else None                                              # [B, P + T - 1, len(layers) * H]
+    RV, RI = torch.cat(rows_v, 1).cpu(), torch.cat(rows_i, 1).cpu()                            # [B, P + T - 1, k]
+    RF = torch.cat(rows_f, 1).cpu() if layers else None                                        # [B, P + T - 1, len(layers) * H]
     out = []
     for b, p in enumerate(prompts):
         g = G[b]

@@ -7,9 +7,9 @@ __all__ = ['CONFIDENCE_BINS', 'BREADTH_RECIPE', 'LONGER_RECIPE', 'WIDER_RECIPE',
            'head_cost', 'interleaved_runs', 'engine_runs', 'head_markdown', 'run_head_eval', 'plot_head_eval',
            'agreement_by_confidence', 'feature_dtypes', 'head_limits', 'plot_head_limits', 'trial_record', 'head_trial',
            'plot_head_trial', 'head_products', 'plot_head_products', 'drafting_gain', 'vocab_trial', 'plot_vocab_trial',
-           'high_rms', 'last_layer_init', 'init_trial', 'plot_init_trial', 'scale_trial', 'plot_scale_trial',
-           'own_answers', 'answers_trial', 'draws_trial', 'plot_draws_trial', 'AheadDecoder', 'ahead_trial',
-           'plot_ahead_trial']
+           'high_rms', 'last_layer_init', 'init_trial', 'plot_init_trial', 'probe_steps', 'scale_trial',
+           'plot_scale_trial', 'own_answers', 'answer_passes', 'answers_trial', 'draws_trial', 'plot_draws_trial',
+           'AheadDecoder', 'ahead_trial', 'plot_ahead_trial', 'gpu_answers_trial']
 
 # %% ../nbs/22_feature_draft.ipynb #f7982298
 import json, random, tempfile, time
@@ -376,6 +376,13 @@ def plot_init_trial(rec, out=None):
     return fig
 
 # %% ../nbs/22_feature_draft.ipynb #1d41d3da
+def probe_steps(probe, data, cfg, minutes, calib_steps=20):
+    "`(steps, seconds_per_step)`: how many steps of `cfg` fill `minutes` of training on `data`, at the speed of `calib_steps` steps of `probe` (a head it may spoil) after 5 warm-up steps (kernels, allocator)."
+    if minutes <= 0: raise ValueError(f"minutes must be positive, got {minutes}")
+    train_head(probe, data, replace(cfg, steps=5, minutes=None), progress=False)
+    t0 = time.time(); train_head(probe, data, replace(cfg, steps=calib_steps, minutes=None), progress=False); per_step = (time.time() - t0) / calib_steps
+    return max(calib_steps, int(60 * minutes / per_step)), per_step
+
 def scale_trial(target, tok, chats, minutes=4.0, batch_tokens=8192, n_val=32, recipe=HeadRecipe(), eval_every=500, calib_steps=20,
                 ev=None, base=None, folder=None, out=None, progress=True, command=None):
     """A head trained on far more text, for far more steps, than the CPU hour allows (for a GPU: everything runs on `target`'s device).
@@ -396,11 +403,7 @@ def scale_trial(target, tok, chats, minutes=4.0, batch_tokens=8192, n_val=32, re
     val, data = feats[v0:v0 + n_val], feats[:v0] + feats[v0 + n_val:]; del feats
     vocab = choose_vocab(data, cfg.draft_vocab_size, cfg.vocab_size)
     tcfg = replace(recipe.train, batch_tokens=batch_tokens, eval_every=eval_every)
-    probe = fresh_head(target, cfg, vocab).to(dev)
-    train_head(probe, data, replace(tcfg, steps=5), progress=False)                  # warm-up: kernels, allocator
-    t0 = time.time(); train_head(probe, data, replace(tcfg, steps=calib_steps), progress=False); per_step = (time.time() - t0) / calib_steps
-    del probe
-    steps = max(calib_steps, int(60 * minutes / per_step))
+    steps, per_step = probe_steps(fresh_head(target, cfg, vocab).to(dev), data, tcfg, minutes, calib_steps)
     torch.manual_seed(recipe.seed)
     head = fresh_head(target, cfg, vocab).to(dev)                                    # as build_head starts
     t0 = time.time(); hist = train_head(head, data, replace(tcfg, steps=steps, minutes=1.5 * minutes), val=val, progress=progress)
@@ -462,27 +465,48 @@ def own_answers(target, prompts, layers, batches=None, minutes=None, batch_size=
         out += teacher_batch(reader, [prompts[j] for j in idx], new_tokens, k, temps, g, layers=layers)
     return teacher_features(out), time.time() - t0
 
-def answers_trial(target, tok, base, answers, steps=700, lr=5e-4, minutes=None, n_val=64, ev=None, folder=None, out=None, progress=True,
-                  command=None, **extra):
+def answer_passes(target, prompts, layers, minutes, batch_size=512, new_tokens=128, k=8, temperature=0.6, dtype='bfloat16', seed=0, progress=True):
+    """`(answers, seconds, per_pass)`: the target answers `prompts` pass after pass until `minutes` have passed (for a GPU, where a
+    batch of `batch_size` answers costs little more than one). The first pass is `own_answers`'s (two answers in three greedy,
+    one sampled at `temperature`); every later pass samples all of them at `temperature` with its own seed, since a greedy
+    answer would only repeat. The last pass is cut by time between batches, its batches a fair sample as in `own_answers`."""
+    if minutes <= 0: raise ValueError(f"minutes must be positive, got {minutes}")
+    t0, out, per_pass = time.time(), [], []
+    while (left := minutes - (time.time() - t0) / 60) > 0:
+        a, _ = own_answers(target, prompts, layers, minutes=left, batch_size=batch_size, new_tokens=new_tokens, k=k, sampled_every=3 if not per_pass else 1,
+                           temperature=temperature, dtype=dtype, seed=seed + len(per_pass), progress=progress)
+        out += a; per_pass.append(len(a))
+    return out, time.time() - t0, per_pass
+
+def answers_trial(target, tok, base, answers, steps=700, lr=5e-4, minutes=None, n_val=64, batch_tokens=None, calib_steps=20, ev=None, folder=None,
+                  out=None, progress=True, command=None, **extra):
     """The head saved in `base` trained further on the target's own answers (`own_answers`; the last `n_val` held out for the
-    validation curve): `steps` steps from `lr` down a cosine (stopping early after `minutes` if given), otherwise the
-    recipe's training (`HeadRecipe().train`: batch, training-time test, bfloat16). Top-1 agreement per depth on `ev` (`(seqs, starts)`; default the target's greedy answers to the 80 MT-Bench
+    validation curve), on the target's device: `steps` steps from `lr` down a cosine (stopping early after `minutes` if given;
+    `steps=None`: as many as fill `minutes`, `probe_steps`), otherwise the recipe's training (`HeadRecipe().train`: batch of
+    `batch_tokens` if given, training-time test, bfloat16). Top-1 agreement per depth on `ev` (`(seqs, starts)`; default the target's greedy answers to the 80 MT-Bench
     first turns) before and after, on the same features. The head is saved to `folder` and the record (with `extra`) written
     to `out` if given; returns the record."""
     if len(answers) <= n_val: raise ValueError(f"answers must hold more than n_val={n_val} sequences, got {len(answers)}")
-    t_all = time.time()
-    head = load_head(base, target)                                                  # float32 weights and products: trainable
+    if steps is None and minutes is None: raise ValueError("give steps or minutes (steps=None fills minutes)")
+    t_all, dev = time.time(), target.device
+    head = load_head(base, target).to(dev)                                          # float32 weights and products: trainable
     train, val = answers[:-n_val], answers[-n_val:]
     ev_feats = (mtbench_features(target, tok, head.config.layers, progress)[1] if ev is None else
                 target_features(target, ev[0], head.config.layers, starts=ev[1], progress=progress))
     before = head_metrics(head, ev_feats, 4)
-    cfg = replace(HeadRecipe().train, steps=steps, lr=lr, warmup=20, minutes=minutes)              # the recipe's training, shorter and gentler
+    cfg = replace(HeadRecipe().train, steps=steps or 1, lr=lr, warmup=20, minutes=minutes,             # the recipe's training, shorter and gentler
+                  batch_tokens=batch_tokens or HeadRecipe().train.batch_tokens)
+    per_step = None
+    if steps is None:
+        steps, per_step = probe_steps(load_head(base, target).to(dev), train, cfg, minutes, calib_steps)
+        cfg = replace(cfg, steps=steps, minutes=1.5 * minutes)                       # the schedule completes; time only guards
     t0 = time.time(); hist = train_head(head, train, cfg, val=val, progress=progress); t_train = time.time() - t0
-    rec = dict(command=command, **extra, threads=torch.get_num_threads(), train=json.loads(json.dumps(asdict(cfg))), answers=len(answers),
-               n_val=n_val, answer_tokens=sum(len(s.ids) - s.start for s in train), steps_done=hist['step'][-1],
+    rec = dict(command=command, **extra, device=torch.cuda.get_device_name(dev) if dev.type == 'cuda' else str(dev), torch=torch.__version__,
+               threads=torch.get_num_threads(), train=json.loads(json.dumps(asdict(cfg))), answers=len(answers),
+               n_val=n_val, answer_tokens=sum(len(s.ids) - s.start for s in train), steps_planned=steps, steps_done=hist['step'][-1],
                stopped_by_time=hist['step'][-1] < steps, history=hist,
-               agreement=dict(before=before, after=head_metrics(head, ev_feats, 4)), seconds=dict(train=t_train, total=time.time() - t_all))
-    if folder is not None: save_head(head, folder)
+               agreement=dict(before=before, after=head_metrics(head, ev_feats, 4)), seconds=dict(train=t_train, per_step=per_step, total=time.time() - t_all))
+    if folder is not None: save_head(head.cpu(), folder)
     if out is not None: Path(out).write_text(json.dumps(rec, indent=1) + '\n')
     return rec
 
@@ -556,4 +580,23 @@ def plot_ahead_trial(rec, out=None):
     fig.tight_layout()
     if out is not None: fig.savefig(out, dpi=120)
     return fig
+
+
+# %% ../nbs/22_feature_draft.ipynb #d36a0002
+def gpu_answers_trial(target, tok, pool, answer_minutes=4.0, train_minutes=3.0, batch_size=512, n_val=64, batch_tokens=8192, lr=5e-4,
+                      base=None, new_tokens=128, dtype='bfloat16', calib_steps=20, ev=None, folder=None, out=None, progress=True, command=None):
+    """The target's answers at scale and the head in `base` (default: the shipped one, `head_dir()`) trained further on them,
+    everything on `target`'s device. `answer_passes` over `pool` (LongTensor[1, L] prompts) but its last `n_val`, for
+    `answer_minutes`; those `n_val` answered once (`own_answers`) as `answers_trial`'s validation answers; then
+    `answers_trial` with `steps=None`: batches of `batch_tokens`, as many steps as fill `train_minutes`. Returns its record
+    (written to `out`), the head saved to `folder`."""
+    if len(pool) < n_val + batch_size: raise ValueError(f"pool must hold n_val={n_val} prompts and a batch of {batch_size} more, got {len(pool)}")
+    base = head_dir() if base is None else Path(base)
+    layers = load_head(base, target).config.layers
+    ans, secs, passes = answer_passes(target, pool[:-n_val], layers, answer_minutes, batch_size=batch_size, new_tokens=new_tokens,
+                                      dtype=dtype, progress=progress)
+    val, vsecs = own_answers(target, pool[-n_val:], layers, batches=1, batch_size=n_val, new_tokens=new_tokens, dtype=dtype, progress=progress)
+    return answers_trial(target, tok, base, ans + val, steps=None, lr=lr, minutes=train_minutes, n_val=n_val, batch_tokens=batch_tokens,
+                         calib_steps=calib_steps, ev=ev, folder=folder, out=out, progress=progress, command=command, started_from=str(base),
+                         pool=len(pool), batch_size=batch_size, passes=passes, answer_seconds=secs + vsecs, answer_minutes=answer_minutes)
 
