@@ -447,7 +447,8 @@ def plot_scale_trial(rec, base, out=None):
 def own_answers(target, prompts, layers, batches=None, minutes=None, batch_size=32, new_tokens=128, k=8, sampled_every=3, temperature=0.6,
                 dtype='bfloat16', seed=0, progress=True, start=0):
     """`(answers, seconds)`: the target's own answers to `prompts` (LongTensor[1, L] each) as `FeatureSeq`s scored from the first
-    answer token, its features of `layers` and top-`k` kept as it generates (`teacher_batch`, on a `reading_copy` in `dtype`).
+    answer token, its features of `layers` and top-`k` kept as it generates (`teacher_batch`, on a `reading_copy` in `dtype`;
+    `dtype=None`: on `target` as it is, for a caller that made the copy).
     Batches of `batch_size` prompts in an order shuffled by `seed` (each batch a mix of lengths, so a cut by time keeps the mix),
     from batch `start` on (a later call adds to an earlier one's answers) until `batches` batches or `minutes` have passed;
     in each batch every `sampled_every`-th answer is sampled at `temperature`, the others greedy."""
@@ -456,7 +457,7 @@ def own_answers(target, prompts, layers, batches=None, minutes=None, batch_size=
     order = sorted(range(len(prompts)), key=lambda i: (prompts[i].shape[1], i))
     random.Random(seed).shuffle(order)
     n = len(order) // batch_size if batches is None else min(start + batches, len(order) // batch_size)
-    reader, out, t0 = reading_copy(target, dtype), [], time.time()
+    reader, out, t0 = target if dtype is None else reading_copy(target, dtype), [], time.time()
     for b in tqdm(range(start, n), desc='own answers', disable=not progress):
         if minutes is not None and time.time() - t0 > 60 * minutes: break
         idx = sorted(order[b * batch_size:(b + 1) * batch_size], key=lambda i: prompts[i].shape[1])
@@ -467,14 +468,14 @@ def own_answers(target, prompts, layers, batches=None, minutes=None, batch_size=
 
 def answer_passes(target, prompts, layers, minutes, batch_size=512, new_tokens=128, k=8, temperature=0.6, dtype='bfloat16', seed=0, progress=True):
     """`(answers, seconds, per_pass)`: the target answers `prompts` pass after pass until `minutes` have passed (for a GPU, where a
-    batch of `batch_size` answers costs little more than one). The first pass is `own_answers`'s (two answers in three greedy,
+    batch of `batch_size` answers takes as many target steps as one answer). One `reading_copy` in `dtype` serves every pass. The first pass is `own_answers`'s (two answers in three greedy,
     one sampled at `temperature`); every later pass samples all of them at `temperature` with its own seed, since a greedy
     answer would only repeat. The last pass is cut by time between batches, its batches a fair sample as in `own_answers`."""
     if minutes <= 0: raise ValueError(f"minutes must be positive, got {minutes}")
-    t0, out, per_pass = time.time(), [], []
+    t0, out, per_pass, reader = time.time(), [], [], reading_copy(target, dtype)
     while (left := minutes - (time.time() - t0) / 60) > 0:
-        a, _ = own_answers(target, prompts, layers, minutes=left, batch_size=batch_size, new_tokens=new_tokens, k=k, sampled_every=3 if not per_pass else 1,
-                           temperature=temperature, dtype=dtype, seed=seed + len(per_pass), progress=progress)
+        a, _ = own_answers(reader, prompts, layers, minutes=left, batch_size=batch_size, new_tokens=new_tokens, k=k, sampled_every=3 if not per_pass else 1,
+                           temperature=temperature, dtype=None, seed=seed + len(per_pass), progress=progress)
         out += a; per_pass.append(len(a))
     return out, time.time() - t0, per_pass
 
@@ -488,18 +489,20 @@ def answers_trial(target, tok, base, answers, steps=700, lr=5e-4, minutes=None, 
     to `out` if given; returns the record."""
     if len(answers) <= n_val: raise ValueError(f"answers must hold more than n_val={n_val} sequences, got {len(answers)}")
     if steps is None and minutes is None: raise ValueError("give steps or minutes (steps=None fills minutes)")
+    if steps is not None and steps < 1: raise ValueError(f"steps must be at least 1, got {steps}")
     t_all, dev = time.time(), target.device
     head = load_head(base, target).to(dev)                                          # float32 weights and products: trainable
     train, val = answers[:-n_val], answers[-n_val:]
     ev_feats = (mtbench_features(target, tok, head.config.layers, progress)[1] if ev is None else
                 target_features(target, ev[0], head.config.layers, starts=ev[1], progress=progress))
     before = head_metrics(head, ev_feats, 4)
-    cfg = replace(HeadRecipe().train, steps=steps or 1, lr=lr, warmup=20, minutes=minutes,             # the recipe's training, shorter and gentler
+    cfg = replace(HeadRecipe().train, lr=lr, warmup=20, minutes=minutes,         # the recipe's training, shorter and gentler
                   batch_tokens=batch_tokens or HeadRecipe().train.batch_tokens)
     per_step = None
-    if steps is None:
+    if steps is None:                                                               # a probe head, spoilt by the timing, sets the steps
         steps, per_step = probe_steps(load_head(base, target).to(dev), train, cfg, minutes, calib_steps)
-        cfg = replace(cfg, steps=steps, minutes=1.5 * minutes)                       # the schedule completes; time only guards
+        cfg = replace(cfg, minutes=1.5 * minutes)                                    # the schedule completes; time only guards
+    cfg = replace(cfg, steps=steps)
     t0 = time.time(); hist = train_head(head, train, cfg, val=val, progress=progress); t_train = time.time() - t0
     rec = dict(command=command, **extra, device=torch.cuda.get_device_name(dev) if dev.type == 'cuda' else str(dev), torch=torch.__version__,
                threads=torch.get_num_threads(), train=json.loads(json.dumps(asdict(cfg))), answers=len(answers),
@@ -583,7 +586,7 @@ def plot_ahead_trial(rec, out=None):
 
 
 # %% ../nbs/22_feature_draft.ipynb #d36a0002
-def gpu_answers_trial(target, tok, pool, answer_minutes=4.0, train_minutes=3.0, batch_size=512, n_val=64, batch_tokens=8192, lr=5e-4,
+def gpu_answers_trial(target, tok, pool, answer_minutes=3.5, train_minutes=2.5, batch_size=512, n_val=64, batch_tokens=8192, lr=5e-4,
                       base=None, new_tokens=128, dtype='bfloat16', calib_steps=20, ev=None, folder=None, out=None, progress=True, command=None):
     """The target's answers at scale and the head in `base` (default: the shipped one, `head_dir()`) trained further on them,
     everything on `target`'s device. `answer_passes` over `pool` (LongTensor[1, L] prompts) but its last `n_val`, for
