@@ -589,8 +589,9 @@ def plot_ahead_trial(rec, out=None):
 def fit_trial(target, tok, base, answers, steps=800, lr=3e-4, n_seen=256, n_val=64, seed=0, progress=True, out=None, command=None, **extra):
     """Seen answers against new ones: top-1 agreement per depth of the head saved in `base` on `n_seen` of `answers` (`FeatureSeq`s)
     it trained on (a sample, seeded by `seed`, of all but the last `n_val`), on those last `n_val`, and on MT-Bench (`answers_trial`'s),
-    before and after `steps` more steps on the same answers (`answers_trial`, validated on the last `n_val`). Both heads are
-    scored as saved (float16 weights, float32 products). `answers_trial`'s record with `seen` and `new` added, written to `out` if given."""
+    before and after `steps` more steps on the same answers (`answers_trial`, validated on the last `n_val`). Seen and new answers
+    score both heads as saved (float16 weights, float32 products); MT-Bench is `answers_trial`'s `agreement` (the trained head before
+    saving). `answers_trial`'s record with `seen` and `new` added, written to `out` if given."""
     if not 1 <= n_seen <= len(answers) - n_val: raise ValueError(f"n_seen must be in [1, {len(answers) - n_val}] (the answers before the last n_val), got {n_seen}")
     train, val = answers[:-n_val], answers[-n_val:]
     seen = [train[i] for i in torch.randperm(len(train), generator=torch.Generator().manual_seed(seed))[:n_seen].tolist()]
