@@ -468,11 +468,11 @@ def own_answers(target, prompts, layers, batches=None, minutes=None, batch_size=
 
 def answer_passes(target, prompts, layers, minutes, batch_size=512, new_tokens=128, k=8, temperature=0.6, dtype='bfloat16', seed=0, progress=True):
     """`(answers, seconds, per_pass)`: the target answers `prompts` pass after pass until `minutes` have passed (for a GPU, where a
-    batch of `batch_size` answers takes as many target steps as one answer). One `reading_copy` in `dtype` serves every pass. The first pass is `own_answers`'s (two answers in three greedy,
+    batch of `batch_size` answers takes as many target steps as one answer). One `reading_copy` in `dtype` serves every pass (`dtype=None`: `target` as it is). The first pass is `own_answers`'s (two answers in three greedy,
     one sampled at `temperature`); every later pass samples all of them at `temperature` with its own seed, since a greedy
     answer would only repeat. The last pass is cut by time between batches, its batches a fair sample as in `own_answers`."""
     if minutes <= 0: raise ValueError(f"minutes must be positive, got {minutes}")
-    t0, out, per_pass, reader = time.time(), [], [], reading_copy(target, dtype)
+    t0, out, per_pass, reader = time.time(), [], [], target if dtype is None else reading_copy(target, dtype)
     while (left := minutes - (time.time() - t0) / 60) > 0:
         a, _ = own_answers(reader, prompts, layers, minutes=left, batch_size=batch_size, new_tokens=new_tokens, k=k, sampled_every=3 if not per_pass else 1,
                            temperature=temperature, dtype=None, seed=seed + len(per_pass), progress=progress)
@@ -635,9 +635,11 @@ def gpu_answers_trial(target, tok, pool, answer_minutes=3.5, train_minutes=2.5, 
     if len(pool) < n_val + batch_size: raise ValueError(f"pool must hold n_val={n_val} prompts and a batch of {batch_size} more, got {len(pool)}")
     base = head_dir() if base is None else Path(base)
     layers = load_head(base, target).config.layers
-    ans, secs, passes = answer_passes(target, pool[:-n_val], layers, answer_minutes, batch_size=batch_size, new_tokens=new_tokens,
-                                      dtype=dtype, progress=progress)
-    val, vsecs = own_answers(target, pool[-n_val:], layers, batches=1, batch_size=n_val, new_tokens=new_tokens, dtype=dtype, progress=progress)
+    reader = reading_copy(target, dtype)                                            # one copy for the passes and the validation answers
+    ans, secs, passes = answer_passes(reader, pool[:-n_val], layers, answer_minutes, batch_size=batch_size, new_tokens=new_tokens,
+                                      dtype=None, progress=progress)
+    val, vsecs = own_answers(reader, pool[-n_val:], layers, batches=1, batch_size=n_val, new_tokens=new_tokens, dtype=None, progress=progress)
+    del reader
     return answers_trial(target, tok, base, ans + val, steps=None, lr=lr, minutes=train_minutes, n_val=n_val, batch_tokens=batch_tokens,
                          calib_steps=calib_steps, ev=ev, folder=folder, out=out, progress=progress, command=command, started_from=str(base),
                          pool=len(pool), batch_size=batch_size, passes=passes, answer_seconds=secs + vsecs, answer_minutes=answer_minutes)
