@@ -9,7 +9,8 @@ __all__ = ['CONFIDENCE_BINS', 'BREADTH_RECIPE', 'LONGER_RECIPE', 'WIDER_RECIPE',
            'plot_head_trial', 'head_products', 'plot_head_products', 'drafting_gain', 'vocab_trial', 'plot_vocab_trial',
            'high_rms', 'last_layer_init', 'init_trial', 'plot_init_trial', 'probe_steps', 'scale_trial',
            'plot_scale_trial', 'own_answers', 'answer_passes', 'answers_trial', 'draws_trial', 'plot_draws_trial',
-           'AheadDecoder', 'ahead_trial', 'plot_ahead_trial', 'fit_trial', 'plot_fit_trial', 'gpu_answers_trial']
+           'AheadDecoder', 'ahead_trial', 'plot_ahead_trial', 'fit_trial', 'plot_fit_trial', 'answers_curve',
+           'answers_fit', 'plot_answers_curve', 'gpu_answers_trial']
 
 # %% ../nbs/22_feature_draft.ipynb #f7982298
 import json, random, tempfile, time
@@ -623,6 +624,63 @@ def plot_fit_trial(rec, out=None):
     if out is not None: fig.savefig(out, dpi=120)
     return fig
 
+
+# %% ../nbs/22_feature_draft.ipynb #d38a0002
+def answers_curve(target, tok, base, answers, sizes=(400, 800, 1600, 3200), steps=700, lr=5e-4, n_val=64, minutes=25, goal=0.70,
+                  ev=None, progress=True, out=None, command=None, **extra):
+    """Top-1 agreement against the number of the target's answers, at the same training: for each `n` in `sizes`, the head saved in
+    `base` trained by `answers_trial` (`steps` steps from `lr`, `minutes` as a guard) on the first `n` of `answers` (`FeatureSeq`s)
+    but the last `n_val`, validated on those last `n_val`, scored per depth on `ev` (default the MT-Bench features) before (the same
+    for every size) and after. `fit`: `answers_fit` of the rows, extrapolated to `goal`. A record, written to `out` if given."""
+    train, val = answers[:-n_val], answers[-n_val:]
+    if len(sizes) < 2 or any(not 1 <= n <= len(train) for n in sizes) or list(sizes) != sorted(set(sizes)):
+        raise ValueError(f"sizes must be at least two increasing sizes in [1, {len(train)}] (the answers before the last n_val), got {list(sizes)}")
+    rows, t0 = [], time.time()
+    for n in tqdm(sizes, desc='answers curve', disable=not progress):
+        r = answers_trial(target, tok, base, train[:n] + val, steps=steps, lr=lr, minutes=minutes, n_val=n_val, ev=ev, progress=progress)
+        h = r['history']
+        rows.append(dict(answers=n, answer_tokens=r['answer_tokens'], steps_done=r['steps_done'], stopped_by_time=r['stopped_by_time'],
+                         passes=h['tokens'][-1] / r['answer_tokens'], agreement=r['agreement']['after'], before=r['agreement']['before'],
+                         val_step=h['val_step'], val_agreement=h['val_agreement'], loss=[sum(h['loss'][s]) / len(h['loss'][s]) for s in (slice(0, 10), slice(-10, None))],
+                         seconds=r['seconds']['train']))
+    rec = dict(command=command, **extra, started_from=str(base), threads=torch.get_num_threads(), steps=steps, lr=lr, n_val=n_val,
+               before=rows[0]['before'], rows=rows, fit=answers_fit(rows, goal), seconds=time.time() - t0)
+    if out is not None: Path(out).write_text(json.dumps(rec, indent=1) + '\n')
+    return rec
+
+def answers_fit(rows, goal=0.70):
+    """Depth-1 agreement of `answers_curve`'s `rows` against log2(answers), extrapolated to `goal` two ways: the least-squares line through
+    every row (`per_doubling`, `intercept`, `answers_for_goal`) and the gain per doubling between the last two rows, continued from the
+    last (`last_per_doubling`, `answers_for_goal_last`). An answer count is None where its line does not rise."""
+    n, y = np.array([r['answers'] for r in rows], dtype=float), np.array([r['agreement']['agreement'][0] for r in rows])
+    slope, icpt = np.polyfit(np.log2(n), y, 1)
+    last = (y[-1] - y[-2]) / np.log2(n[-1] / n[-2])
+    return dict(depth=1, goal=goal, per_doubling=float(slope), intercept=float(icpt), answers_for_goal=float(2 ** ((goal - icpt) / slope)) if slope > 0 else None,
+                last_per_doubling=float(last), answers_for_goal_last=float(n[-1] * 2 ** ((goal - y[-1]) / last)) if last > 0 else None)
+
+def plot_answers_curve(rec, others=None, out=None):
+    """An `answers_curve` record. Left: MT-Bench agreement at depths 1 and 4 against the number of answers (log scale), the line fitted
+    at depth 1 and the start as a dashed line; `others` ({label: (answers, agreement per depth)}) adds runs of the same training on other
+    answers. Right: depth-1 agreement on the held-out answers as the steps go, per size. Saved to `out` if given."""
+    import matplotlib.pyplot as plt
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
+    n = [r['answers'] for r in rec['rows']]
+    for d, col in ((0, 'C0'), (3, 'C1')):
+        ax.plot(n, [r['agreement']['agreement'][d] for r in rec['rows']], 'o-', color=col, label=f"depth {d + 1}")
+        ax.axhline(rec['before']['agreement'][d], color=col, ls='--', lw=1, label=f"depth {d + 1}, before")
+        for i, (lab, (m, a)) in enumerate((others or {}).items()):
+            ax.plot([m], [a[d]], 'sD'[i % 2], color=col, mfc='none', label=f"{lab}" if d == 0 else None)
+    f = rec['fit']; xs = np.array([min(n), max(n)])
+    ax.plot(xs, f['intercept'] + f['per_doubling'] * np.log2(xs), ':', color='k', lw=1, label=f"line at depth 1: {f['per_doubling']:+.3f} per doubling")
+    ax.set_xscale('log', base=2); ax.set(xlabel='answers trained on (log scale)', ylabel='MT-Bench top-1 agreement', title=f"{rec['steps']} steps from the same head")
+    ax.set_xticks(n, [f'{m:,}' for m in n]); ax.minorticks_off(); ax.set_ylim(ax.get_ylim()[0] - 0.05, None)   # room for the legend below the points
+    ax.legend(fontsize=7, ncol=2, loc='lower right'); ax.grid(alpha=0.3)
+    for r in rec['rows']:
+        bx.plot(r['val_step'], [v[0] for v in r['val_agreement']], marker='.', label=f"{r['answers']:,} answers")
+    bx.set(xlabel='step', ylabel='depth-1 agreement, held-out answers'); bx.legend(fontsize=8); bx.grid(alpha=0.3)
+    fig.tight_layout()
+    if out is not None: fig.savefig(out, dpi=120)
+    return fig
 
 # %% ../nbs/22_feature_draft.ipynb #d36a0002
 def gpu_answers_trial(target, tok, pool, answer_minutes=3.5, train_minutes=2.5, batch_size=512, n_val=64, batch_tokens=8192, lr=5e-4,
