@@ -325,6 +325,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'dyspec_nb.head_eval.drafting_gain': ('feature_draft.html#drafting_gain', 'dyspec_nb/head_eval.py'),
                                      'dyspec_nb.head_eval.draws_trial': ('feature_draft.html#draws_trial', 'dyspec_nb/head_eval.py'),
                                      'dyspec_nb.head_eval.engine_runs': ('feature_draft.html#engine_runs', 'dyspec_nb/head_eval.py'),
+                                     'dyspec_nb.head_eval.eval_features': ('feature_draft.html#eval_features', 'dyspec_nb/head_eval.py'),
                                      'dyspec_nb.head_eval.feature_dtypes': ('feature_draft.html#feature_dtypes', 'dyspec_nb/head_eval.py'),
                                      'dyspec_nb.head_eval.fit_trial': ('feature_draft.html#fit_trial', 'dyspec_nb/head_eval.py'),
                                      'dyspec_nb.head_eval.gpu_answers_trial': ( 'feature_draft.html#gpu_answers_trial',
