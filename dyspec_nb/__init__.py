@@ -7,3 +7,16 @@ import os as _os
 if 'TRITON_INTERPRET' not in _os.environ:
     import torch as _torch
     if not _torch.cuda.is_available(): _os.environ['TRITON_INTERPRET'] = '1'
+
+# What a user needs, importable from the package itself: loaded on first use, so that `import dyspec_nb` (and the
+# command line's argument checks) stay cheap.
+_EXPORTS = dict(SpecDecoder='engine', load_default_pair='models', load_pair='models', chat_ids='models', BUILDERS='builders',
+                TokenTree='tree', build_head='head_recipe', build_shipped_head='head_recipe')
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        import importlib
+        return getattr(importlib.import_module(f'.{_EXPORTS[name]}', __name__), name)
+    raise AttributeError(f"module 'dyspec_nb' has no attribute {name!r}")
+
+def __dir__(): return sorted(set(globals()) | set(_EXPORTS))

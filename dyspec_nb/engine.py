@@ -208,7 +208,7 @@ def decode_step(target, draft, seq, tcache, dcache, build, budget, generator, *,
     if session is not None: session.keep_path(nodes if order is None else order[nodes].tolist())   # the draft's numbering
     t_end = time.perf_counter()
     d = session.seconds if session is not None else 0.0
-    return out, StepRecord(tree_size=tree.n - 1, depth=tree.depth, accepted=len(nodes), emitted=len(out),
+    return out, StepRecord(tree_size=tree.n - 1, depth=tree.depth, accepted=min(len(nodes), len(out)), emitted=len(out),   # accepted and emitted: a cut step counts only what it emitted
                            draft=d, build=t_built - t_step - d, mask=t_mask - t_built, target=t_target - t_mask,
                            verify=t_verify - t_target, bookkeeping=t_end - t_verify,
                            draft_calls=session.calls if session is not None else 0, draft_rows=session.computed if session is not None else 0,
