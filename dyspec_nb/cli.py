@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['TextStream', 'generate_text', 'chat', 'compare', 'compare_markdown', 'render_readme', 'bench_parser', 'bench_run',
-           'train_draft_run', 'main', 'cuda_notebooks', 'gpu_check']
+           'train_draft_run', 'train_draft_summary', 'main', 'cuda_notebooks', 'gpu_check']
 
 # %% ../nbs/api/09_cli.ipynb #3bcb6f1c
 import argparse, dataclasses, json, re, shlex, subprocess, sys, time
@@ -15,7 +15,7 @@ from .builders import BUILDERS, COST_AWARE
 from .verify import sampling_probs
 from .lossless import benchmark_pair, compare_builders, markdown_table
 from .models import DEFAULT_DRAFT, load_pair, load_local_target, chat_ids
-from .head_recipe import HeadRecipe, build_head
+from .head_recipe import HeadRecipe, build_head, ShippedRecipe, build_shipped_head
 from .data import sharegpt_prompts
 from .engine import SpecDecoder
 from .cost import cost_model
@@ -118,7 +118,7 @@ def render_readme(index_nb):
                 md = o.get('data', {}).get('text/markdown')
                 if md: parts.append(''.join(md).strip())
     text = '\n\n'.join(p for p in parts if p) + '\n'
-    return re.sub(r'\]\((?!https?:|/|#)([^)\s]+\.ipynb)\)', r'](nbs/\1)', text)    # links to notebooks, from the root
+    return re.sub(r'\]\((?!https?:|/|#)([^)\s]+\.ipynb(?:#[^)\s]*)?)\)', r'](nbs/\1)', text)    # links to notebooks (and their anchors), from the root
 
 # %% ../nbs/api/09_cli.ipynb #38c68922
 def _positive(kind):
@@ -182,15 +182,39 @@ def bench_run(args, argv=()):
     return rec
 
 def train_draft_run(args):
-    "`dyspec train-draft`: the head recipe of 07d_head_recipe for `--target`, written to `--out` with its record; None if `--out` is in use."
-    r = HeadRecipe(seed=args.seed, **({'serve_vocab': args.serve_vocab} if args.serve_vocab else {}))   # checks it against the trained vocabulary
+    "`dyspec train-draft`: a head for `--target` by the hour's recipe or the shipped head's (`--recipe`, 07d_head_recipe), written to `--out` with its record; None if `--out` is in use."
+    if args.recipe == 'shipped':
+        extra = [f'--{k.replace("_", "-")}' for k in ('minutes', 'conversations', 'steps', 'serve_vocab') if getattr(args, k) is not None]
+        if extra: raise ValueError(f"{', '.join(extra)} {'set' if len(extra) > 1 else 'sets'} the hour's recipe; the shipped recipe is fixed (--scale makes it smaller)")
+        r = ShippedRecipe(scale=args.scale)
+    else:
+        if args.scale != 1.0: raise ValueError("--scale applies to --recipe shipped")
+        r = HeadRecipe(seed=args.seed, **({'serve_vocab': args.serve_vocab} if args.serve_vocab else {}))   # checks it against the trained vocabulary
+        if args.conversations: r.n_chats, r.n_val = args.conversations, max(1, min(r.n_val, args.conversations // 8))
+        if args.steps: r.train = dataclasses.replace(r.train, steps=args.steps, eval_every=max(1, min(r.train.eval_every, args.steps)))
     out = Path(args.out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())): return None
-    if args.conversations: r.n_chats, r.n_val = args.conversations, max(1, min(r.n_val, args.conversations // 8))
-    if args.steps: r.train = dataclasses.replace(r.train, steps=args.steps, eval_every=max(1, min(r.train.eval_every, args.steps)))
+    if args.device is not None:
+        try: torch.empty(0, device=args.device)
+        except (RuntimeError, AssertionError) as e: raise ValueError(f"--device {args.device} is not usable here: {e}")
     target, tok = load_local_target(args.target)
-    head, rec = build_head(target, tok, out, r, args.minutes, results=out / 'recipe.json', progress=not args.quiet)
-    return rec
+    if args.device is not None: target = target.to(args.device)
+    command = 'dyspec ' + shlex.join(['train-draft', *args.argv])
+    if args.recipe == 'shipped':
+        return build_shipped_head(target, tok, out, r, results=out / 'recipe.json', progress=not args.quiet, command=command)[1]
+    return build_head(target, tok, out, r, args.minutes or 60.0, results=out / 'recipe.json', progress=not args.quiet)[1]
+
+def train_draft_summary(rec):
+    "The line `dyspec train-draft` prints about the head it wrote, from its record."
+    if 'rounds' in rec:                                                             # the shipped recipe
+        a = rec['agreement'] or {}
+        line = (f"{rec['text']['steps_done']} text steps and {sum(x['steps_done'] for x in rec['rounds'])} steps on "
+                f"{sum(x['answers'] for x in rec['rounds']):,} answers, {rec['seconds'] / 60:.1f} min")
+        if 'built' in a: line += f"; MT-Bench top-1 agreement at depth 1: {a['built']['agreement'][0]:.3f}"
+        if 'shipped' in a: line += f" (the shipped head: {a['shipped']['agreement'][0]:.3f})"
+        return line
+    return (f"{rec['params'] / 1e6:.1f} M parameters ({rec['size_mb']:.1f} MB), {rec['steps_done']} steps, "
+            f"{rec['seconds']['total'] / 60:.1f} min; validation top-1 agreement at depth 1: {rec['history']['val_agreement'][-1][0]:.3f}")
 
 def main(argv=None):
     "Entry point of the `dyspec` command."
@@ -232,10 +256,14 @@ def main(argv=None):
     d = sub.add_parser('docs', help='build the documentation site into _docs/ (--check: check it in headless Chromium)')
     if docs_parser is not None: docs_parser(d)
     sub.add_parser('gpu-check', help='run every #| cuda cell on this CUDA machine and write results/*_gpu.json')
-    t = sub.add_parser('train-draft', help="train a feature head (an EAGLE-style draft) for a target on this machine, in at most --minutes")
+    t = sub.add_parser('train-draft', help="train a feature head (an EAGLE-style draft) for a target: the hour's recipe (default) or the shipped head's")
     t.add_argument('--target', default=None, help='target model: a local folder with its tokenizer, or a cached name (default: the embedded one)')
     t.add_argument('--out', type=Path, required=True, help='folder for the head (config.json, model.safetensors) and its record (recipe.json)')
-    t.add_argument('--minutes', type=_positive(float), default=60.0, help='time limit of the whole run, target features and training (default 60)')
+    t.add_argument('--recipe', choices=('hour', 'shipped'), default='hour',
+                   help="hour: features and training within --minutes (default); shipped: the shipped head's recipe, fixed steps (needs a GPU at full scale)")
+    t.add_argument('--scale', type=_positive(float), default=1.0, help='with --recipe shipped: run it on this share of the text, steps and answers, in (0, 1] (default 1)')
+    t.add_argument('--device', default=None, help="where the target and the head run, e.g. cuda (default: the CPU)")
+    t.add_argument('--minutes', type=_positive(float), default=None, help="the hour's recipe: time limit of the whole run, target features and training (default 60)")
     t.add_argument('--conversations', type=_positive(int), default=None, help='ShareGPT training conversations the target reads (default 1000)')
     t.add_argument('--steps', type=_positive(int), default=None, help=f'training steps (default {HeadRecipe().train.steps})')
     t.add_argument('--serve-vocab', type=_positive(int), default=None,
@@ -282,11 +310,11 @@ def main(argv=None):
         except RuntimeError as e: parser.error(str(e))
         print("GPU check passed; wrote", *written, sep='\n  ')
     elif args.command == 'train-draft':
+        args.argv = argv[1:]
         try: rec = train_draft_run(args)
         except ValueError as e: parser.error(str(e))
         if rec is None: parser.error(f"--out {args.out} exists and is not an empty folder")
-        print(f"wrote {args.out}: {rec['params'] / 1e6:.1f} M parameters ({rec['size_mb']:.1f} MB), {rec['steps_done']} steps, "
-              f"{rec['seconds']['total'] / 60:.1f} min; validation top-1 agreement at depth 1: {rec['history']['val_agreement'][-1][0]:.3f}", file=sys.stderr)
+        print(f"wrote {args.out}: {train_draft_summary(rec)}", file=sys.stderr)
     elif args.command == 'readme':
         if not args.index.exists(): parser.error(f"{args.index} not found (run from the project root)")
         args.out.write_text(render_readme(args.index))
@@ -295,11 +323,11 @@ def main(argv=None):
 
 # %% ../nbs/api/09_cli.ipynb #d1d17ebd
 def cuda_notebooks(nbs='nbs'):
-    "The notebooks in the folder `nbs` that have a `#| cuda` cell, sorted."
+    "The notebooks in the folder `nbs` (and its subfolders) that have a `#| cuda` cell, sorted."
     def has_cuda(path):
         cells = json.loads(Path(path).read_text())['cells']
         return any(c['cell_type'] == 'code' and ''.join(c['source']).lstrip().startswith('#| cuda') for c in cells)
-    return sorted(p for p in Path(nbs).glob('*.ipynb') if has_cuda(p))
+    return sorted(p for p in Path(nbs).rglob('*.ipynb') if has_cuda(p))
 
 def gpu_check(nbs='nbs', results='results', cuda=None, run=subprocess.run):
     "Run every `#| cuda` cell (`nbdev-test --flags cuda` on each notebook that has one); the `results/*_gpu.json` files written."
