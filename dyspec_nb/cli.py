@@ -199,7 +199,7 @@ def train_draft_run(args):
         except (RuntimeError, AssertionError) as e: raise ValueError(f"--device {args.device} is not usable here: {e}")
     target, tok = load_local_target(args.target)
     if args.device is not None: target = target.to(args.device)
-    command = 'dyspec ' + shlex.join(['train-draft', *args.argv])
+    command = 'dyspec ' + shlex.join(['train-draft', *getattr(args, 'argv', ())])
     if args.recipe == 'shipped':
         return build_shipped_head(target, tok, out, r, results=out / 'recipe.json', progress=not args.quiet, command=command)[1]
     return build_head(target, tok, out, r, args.minutes or 60.0, results=out / 'recipe.json', progress=not args.quiet)[1]
