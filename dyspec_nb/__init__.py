@@ -1,12 +1,22 @@
 __version__ = "0.0.1"
 
-import os as _os
-# The Triton kernels (kernels/, nbs/12_tree_attention.ipynb) run under Triton's interpreter when there is no CUDA device.
-# Triton reads TRITON_INTERPRET when triton.language is first imported, and transformers imports it, so the choice is
-# made here, when the package is imported, before any of its modules imports transformers. An explicit setting wins.
-if 'TRITON_INTERPRET' not in _os.environ:
-    import torch as _torch
-    if not _torch.cuda.is_available(): _os.environ['TRITON_INTERPRET'] = '1'
+import os as _os, sys as _sys
+# The Triton kernels (kernels/, nbs/api/12_tree_attention.ipynb) run under Triton's interpreter when there is no CUDA device.
+# Triton reads TRITON_INTERPRET when triton.language is first imported (transformers imports it too), so the choice has to
+# be made before anything imports Triton. It is made then, the first time anything looks for Triton, and not when the
+# package is imported: `import dyspec_nb` does not import torch, so that the command line checks its arguments at once.
+# An explicit setting wins.
+class _TritonInterpreter:
+    "A meta path finder that decides TRITON_INTERPRET the first time `triton` is looked for, then leaves."
+    def find_spec(self, name, path=None, target=None):
+        if name == 'triton' or name.startswith('triton.'):
+            if self in _sys.meta_path: _sys.meta_path.remove(self)
+            if 'TRITON_INTERPRET' not in _os.environ:
+                import torch                                  # torch itself does not import Triton
+                if not torch.cuda.is_available(): _os.environ['TRITON_INTERPRET'] = '1'
+        return None
+
+if 'TRITON_INTERPRET' not in _os.environ and 'triton' not in _sys.modules: _sys.meta_path.insert(0, _TritonInterpreter())
 
 # What a user needs, importable from the package itself: loaded on first use, so that `import dyspec_nb` (and the
 # command line's argument checks) stay cheap.

@@ -7,7 +7,7 @@ __all__ = ['COST_SIZES', 'cpu_name', 'machine_fingerprint', 'model_fingerprint',
            'measure_cost_model', 'cost_model_path', 'cost_model', 'plot_cost_model']
 
 # %% ../nbs/api/06d_cost.ipynb #78173147
-import hashlib, json, os, platform, time, warnings
+import hashlib, json, math, os, platform, sys, time, warnings
 from dataclasses import dataclass, field, asdict
 from pathlib import Path
 import numpy as np
@@ -88,9 +88,15 @@ class CostModel:
     def to_json(self): return json.dumps(asdict(self), indent=1)
     @classmethod
     def from_json(cls, text):
+        "A `CostModel` from its JSON; a ValueError when it holds no times, or a time that is not positive and finite."
         d = json.loads(text)
-        return cls({int(k): float(v) for k, v in d['target'].items()}, {int(k): float(v) for k, v in d['draft'].items()},
-                   d['fingerprint'], float(d.get('seconds', 0.0)))
+        cm = cls({int(k): float(v) for k, v in d['target'].items()}, {int(k): float(v) for k, v in d['draft'].items()},
+                 d['fingerprint'], float(d.get('seconds', 0.0)))
+        for part in ('target', 'draft'):
+            times = list(getattr(cm, part).values())
+            if not times: raise ValueError(f"it holds no {part} times")
+            if not all(math.isfinite(t) and t > 0 for t in times): raise ValueError(f"its {part} times are not all positive and finite: {times}")
+        return cm
 
 def measure_cost_model(target, draft, small_linear=True, prefix=200, sizes=COST_SIZES, reps=5, seed=0, lean=True):
     "Time both models as the engine runs them (tree masks, the few-row kernel if `small_linear`, the lean forward if `lean`): a `CostModel`."
@@ -114,8 +120,9 @@ def cost_model(target, draft,
                lean=True,           # ... and SpecDecoder's lean
                refresh=False,       # measure again even when a cached model matches
                path=None,           # the JSON file to read and write (default: cost_model_path of the fingerprint)
-               prefix=200):
-    "The cached `CostModel` of this machine and model pair, measured (a few seconds) when there is none, it is foreign, or `refresh`."
+               prefix=200,
+               progress=True):      # say on standard error when it measures
+    "The cached `CostModel` of this machine and model pair, measured (a few seconds) when there is none, it is foreign or unreadable (with a warning naming the file), or `refresh`."
     fp = cost_fingerprint(target, draft, small_linear, prefix, lean)
     path = Path(path) if path is not None else cost_model_path(fp)
     if path.exists() and not refresh:
@@ -126,6 +133,7 @@ def cost_model(target, draft,
             if cm.fingerprint == fp: return cm
             warnings.warn(f"the cost model {path} was measured elsewhere (its {_differs(cm.fingerprint, fp)} differ from this "
                           "machine's and these models'); measuring again", RuntimeWarning, stacklevel=2)
+    if progress: print(f"dyspec: measuring this machine's step costs for this model pair, once (cached in {path}) ...", file=sys.stderr, flush=True)
     cm = measure_cost_model(target, draft, small_linear, prefix, lean=lean)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(f'.{os.getpid()}.tmp')

@@ -228,7 +228,8 @@ def _as_prompt(input_ids):
     if ids.dim() == 2:
         if ids.shape[0] != 1: raise ValueError(f"generate takes one prompt (batch size 1), got a batch of {ids.shape[0]}")
         ids = ids[0]
-    if ids.dim() != 1 or ids.dtype.is_floating_point: raise ValueError(f"input_ids must be integer token ids of shape [1, L], got {tuple(ids.shape)}")
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool: raise ValueError(f"input_ids must be integer token ids, got {ids.dtype} (a LongTensor[1, L] of token ids)")
+    if ids.dim() != 1: raise ValueError(f"input_ids must have shape [1, L] or [L], got {tuple(torch.as_tensor(input_ids).shape)}")
     if ids.numel() == 0: raise ValueError("the prompt is empty: give at least one token")
     return ids.tolist()
 
@@ -256,7 +257,11 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
     if max(seq) >= V or min(seq) < 0: raise ValueError(f"prompt token ids must lie in [0, {V})")
     sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k)
     draft_sampling = dict(sampling, temperature=draft_temperature)
-    for s in (sampling, draft_sampling): sampling_probs(torch.zeros(1, 2), **s)     # validates the settings before any work
+    sampling_probs(torch.zeros(1, 2), **sampling)                             # validates the settings before any work
+    try: sampling_probs(torch.zeros(1, 2), **draft_sampling)
+    except ValueError as e: raise ValueError(f"draft_{e}") from None          # only its temperature differs from the target's
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+        raise ValueError(f"seed must be an integer in [0, 2**63 - 1], got {seed!r}")
     emit, end = _stream(streamer, seq)
     g = torch.Generator()
     g.manual_seed(torch.seed() if seed is None else seed)
@@ -264,7 +269,7 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
     stats = GenerationStats()
     head = is_head(self.draft)
     room = len(seq) + max_new_tokens + (self.budget if isinstance(self.budget, int) else 0) + 1   # the longest a cache can get
-    tcache, dcache = new_cache(self.target, self.lean, room), (HeadCache() if head else new_cache(self.draft, self.lean, room))
+    tcache, dcache = new_cache(self.target, self.lean, room), (HeadCache(self.draft.config.hidden_size * len(self.draft.config.layers)) if head else new_cache(self.draft, self.lean, room))
     if len(seq) > 1:                                                          # target: everything but the root
         t0 = time.perf_counter()
         out = prefill(self.target, torch.tensor(seq[:-1]), tcache, keep=torch.tensor([len(seq) - 2]), hidden=self.draft.config.layers if head else None)

@@ -436,8 +436,9 @@ def rebind_vocab(head, target, vocab_ids, products='float32'):
 # %% ../nbs/api/07c_head.ipynb #904389f7
 class HeadCache(DynamicCache):
     "The head's KV cache (text from position 1 on: position 0 has no feature before it) and the target's features it has not read yet."
-    def __init__(self):
+    def __init__(self, width):
         super().__init__()
+        self.width = width                              # 3H: the width of one position's features
         self.feats, self.feats_start = None, 0          # FloatTensor[m, 3H]: the target's features of positions feats_start..
 
     def add_features(self, feats, start):
@@ -449,7 +450,7 @@ class HeadCache(DynamicCache):
     def features(self, a, b):
         "FloatTensor[b - a, 3H]: the features of positions a..b-1 (zeros before position 0: nothing precedes the first token)."
         n0 = max(0, -a)
-        got = self.feats[a + n0 - self.feats_start:b - self.feats_start] if self.feats is not None else torch.zeros(0, 0)
+        got = self.feats[a + n0 - self.feats_start:b - self.feats_start] if self.feats is not None else torch.zeros(0, self.width)
         if len(got) != b - a - n0: raise ValueError(f"the head needs the target's features of positions {a + n0}..{b - 1}")
         return torch.cat([got.new_zeros(n0, got.shape[1]), got]) if n0 else got
 

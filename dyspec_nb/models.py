@@ -8,7 +8,7 @@ __all__ = ['TARGET_GGUF', 'SHIPPED_DRAFTS', 'DEFAULT_DRAFT', 'SHIPPED_HEAD_PRODU
            'hf_generate']
 
 # %% ../nbs/api/05_models.ipynb #d3553f6d
-import time, importlib.util, os, shutil, tempfile
+import warnings, time, importlib.util, os, shutil, tempfile
 from functools import lru_cache
 from pathlib import Path
 import torch
@@ -47,31 +47,57 @@ def _plain_copy(model):
     plain.load_state_dict(model.state_dict())
     return plain
 
+def _abandoned(tmp, dest):
+    "Whether `tmp`, a temporary folder beside `dest`, was left by a process that is gone (its pid in the name; else older than 10 minutes)."
+    pid = tmp.name[len(dest.name) + 4:].split('-')[0]
+    if pid.isdigit():
+        try: os.kill(int(pid), 0); return False
+        except ProcessLookupError: return True
+        except OSError: return False                                      # alive, another user's
+    return time.time() - tmp.stat().st_mtime > 600
+
 def _save_atomically(model, tokenizer, dest):
-    "Save to a temporary folder next to `dest`, then move it into place (safe if two processes race)."
+    "Save to a temporary folder next to `dest`, then move it into place (safe if two processes race); remove what killed runs left."
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=dest.name + '.tmp'))
+    for old in dest.parent.glob(dest.name + '.tmp*'):
+        if old.is_dir() and _abandoned(old, dest):
+            shutil.rmtree(old, ignore_errors=True)
+            warnings.warn(f"removed {old}, left by a conversion that did not finish", RuntimeWarning, stacklevel=3)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f'{dest.name}.tmp{os.getpid()}-'))
     try:
         _plain_copy(model).save_pretrained(tmp); tokenizer.save_pretrained(tmp)
         try: os.replace(tmp, dest)
         except OSError: pass                          # another process won the race; its copy is as good
     finally: shutil.rmtree(tmp, ignore_errors=True)
 
+def _read_converted(dest):
+    "`(model, tokenizer)` of a converted target saved in `dest`."
+    return AutoModelForCausalLM.from_pretrained(dest, dtype=torch.float32), AutoTokenizer.from_pretrained(dest)
+
 @lru_cache(maxsize=2)
 def load_target(cache=True):
-    "`(model, tokenizer)`: SmolLM2-135M-Instruct in fp32, in eval mode (cached on disk after the first dequantisation)."
+    """`(model, tokenizer)`: SmolLM2-135M-Instruct in fp32, in eval mode (cached on disk after the first dequantisation). The
+    first run reads back what it saved, so that every run gets the same model; a cached copy that cannot be read (a run
+    killed while writing it, a damaged disk) is converted again, with a warning that names it."""
     dest = cache_dir() / 'smollm2-135m-instruct-f32'
     if cache and (dest / 'config.json').exists():
-        model = AutoModelForCausalLM.from_pretrained(dest, dtype=torch.float32)
-        tok = AutoTokenizer.from_pretrained(dest)
-    else:
-        f = smollm2_gguf()
-        verbosity = hf_logging.get_verbosity(); hf_logging.set_verbosity_error()
-        try:
-            tok = AutoTokenizer.from_pretrained(f.parent, gguf_file=f.name)
-            model = AutoModelForCausalLM.from_pretrained(f.parent, gguf_file=f.name, dtype=torch.float32)
-        finally: hf_logging.set_verbosity(verbosity)
-        if cache: _save_atomically(model, tok, dest)
+        try: model, tok = _read_converted(dest); return _ready(model, tok)
+        except Exception as e:                                          # safetensors, JSON or tokenizer errors alike
+            warnings.warn(f"cannot read the converted target in {dest} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                          "converting it again", RuntimeWarning, stacklevel=2)
+            shutil.rmtree(dest, ignore_errors=True)
+    f = smollm2_gguf()
+    verbosity = hf_logging.get_verbosity(); hf_logging.set_verbosity_error()
+    try:
+        tok = AutoTokenizer.from_pretrained(f.parent, gguf_file=f.name)
+        model = AutoModelForCausalLM.from_pretrained(f.parent, gguf_file=f.name, dtype=torch.float32)
+    finally: hf_logging.set_verbosity(verbosity)
+    if cache:
+        _save_atomically(model, tok, dest)
+        model, tok = _read_converted(dest)
+    return _ready(model, tok)
+
+def _ready(model, tok):
     model.generation_config.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     return model.eval(), tok
 
@@ -83,8 +109,8 @@ def chat_ids(tokenizer, messages):
     return enc['input_ids']
 
 # %% ../nbs/api/05_models.ipynb #ae26b8f8
-SHIPPED_DRAFTS = ('head', 'token')    # the feature head (07c_head) and the token-level draft (07_draft)
-DEFAULT_DRAFT = 'head'                # it beats the token draft on held-out MT-Bench (22_feature_draft)
+SHIPPED_DRAFTS = ('head', 'token')    # the feature head (07c_head) and the token-level draft (07a_draft)
+DEFAULT_DRAFT = 'head'                # it beats the token draft on held-out MT-Bench (log/2026-11_feature_head)
 SHIPPED_HEAD_PRODUCTS = 'bfloat16' if bf16_available() else 'float32'   # the shipped head's products: bfloat16 where the kernel runs them
 
 def load_default_pair(draft=None):
@@ -101,17 +127,25 @@ def _shipped_head(target):
     "The shipped head bound to `target` (a ValueError unless it is the head's target), with `SHIPPED_HEAD_PRODUCTS`."
     return load_head(head_dir(), target, products=SHIPPED_HEAD_PRODUCTS)
 
+def _why_not(name, e):
+    "Why the model `name` cannot be loaded, in one line: what the folder lacks, or the first line of the error."
+    p = Path(name)
+    if p.is_dir(): return 'it holds no config.json' if not (p / 'config.json').exists() else str(e).strip().splitlines()[0]
+    if p.exists(): return 'it is a file, not a folder'
+    return 'no such folder, and no such name in the local Hugging Face cache (nothing is downloaded)'
+
 def load_local(name):
-    "A causal LM (fp32, eval mode) from a local folder or a name in the local cache; a ValueError saying why not."
+    "A causal LM (fp32, eval mode) from a local folder or a name in the local cache; a ValueError saying why not, in one line."
     try: return AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, local_files_only=True).eval()
-    except (OSError, ValueError) as e: raise ValueError(f"cannot load model {name!r} (a local folder or a name in the local cache): {e}") from None
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot load the model {name!r} (a folder saved with save_pretrained, or a name in the local cache): {_why_not(name, e)}") from None
 
 def load_local_target(name=None):
     "`(model, tokenizer)`: the embedded target (`name` None), or a causal LM and its tokenizer from a local folder or cached name."
     if name is None: return load_target()
     t = load_local(name)
     try: return t, AutoTokenizer.from_pretrained(name, local_files_only=True)
-    except OSError as e: raise ValueError(f"no tokenizer with the target {name!r}: {e}") from None
+    except (OSError, ValueError) as e: raise ValueError(f"no tokenizer with the target {name!r}: {_why_not(name, e)}") from None
 
 def load_pair(target=None, draft=None):
     "`(target, draft, tokenizer)`: the embedded pair, or models (fp32) from local folders or names in the local cache; `draft` 'head' or 'token' is a shipped one."

@@ -7,6 +7,7 @@ __all__ = ['verify_path', 'verify', 'child_acceptance', 'expected_accepted', 'es
            'verify_greedy', 'sampling_probs']
 
 # %% ../nbs/api/03_verify.ipynb #0e6ffd27
+import math
 import torch
 from .tree import TokenTree, DraftResidual, WITHOUT_REPLACEMENT, WITH_REPLACEMENT, DETERMINISTIC, check_distributions
 
@@ -148,7 +149,8 @@ def sampling_probs(logits,          # FloatTensor[..., V]: logits (or log-probab
                    top_p=1.0,       # nucleus: keep the most likely tokens up to this cumulative probability
                    top_k=0):        # keep the `top_k` most likely tokens (0 = all)
     "FloatTensor[..., V]: the distribution that sampling with these settings draws from."
-    if not (isinstance(temperature, (int, float)) and temperature >= 0): raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < math.inf:
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
     if not 0 < top_p <= 1: raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0: raise ValueError(f"top_k must be a non-negative integer, got {top_k}")
     logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
