@@ -140,7 +140,10 @@ class SpecDecoder:
                 budget = _check_cap('budget', budget)
                 if max_budget is not None: raise ValueError(f"max_budget caps budget='auto'; a fixed budget ({budget}) is its own cap")
                 if costs is not None: raise ValueError("costs= is for budget='auto'; a fixed budget does not use the cost model")
-            if is_head(draft): check_head_target(draft.config, target)      # ValueError naming the mismatch
+            if is_head(draft):
+                check_head_target(draft.config, target)                     # ValueError naming the mismatch
+                if draft.dtype != target.dtype: raise ValueError(f"the head is in {str(draft.dtype)[6:]} and its target in {str(target.dtype)[6:]}: "
+                                                                 "put both in one dtype (load_pair(..., dtype=...) or head.to(target.dtype))")
             vt, vd = _vocab_size(target), _vocab_size(draft)
             if vt != vd or target.config.vocab_size != draft.config.vocab_size:
                 raise ValueError(f"target and draft vocabularies differ: target has {vt} logits "

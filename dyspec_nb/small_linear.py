@@ -16,6 +16,7 @@ from torch import nn
 
 try: from dyspec_nb import _linear           # built from csrc/small_linear.cpp by `pip install -e .`
 except ImportError: _linear = None
+_BF16 = _linear is not None and hasattr(_linear, 'has_bf16') and _linear.has_bf16()   # the CPU has AVX-512 BF16: asked once, as bf16_linear runs per product
 
 # %% ../nbs/api/06a_small_linear.ipynb #4fac645c
 SMALL_ROWS = 128     # products with more rows than this go to F.linear: every tree step on the kernel, long prompts' prefill on PyTorch
@@ -64,27 +65,29 @@ def _product(x, weight, bias=None, limit=2):
 
 # %% ../nbs/api/06a_small_linear.ipynb #cceb3220
 def rows_linear(x, weight, bias=None):
-    "`F.linear(x, weight, bias)` for x [..., K]: on the kernel when it has 1..`SMALL_ROWS` rows, float32 on the CPU, without gradients; else `F.linear`."
+    "`F.linear(x, weight, bias)` for x [..., K]: on the kernel when it has 1..`SMALL_ROWS` rows on the CPU without gradients, float32 (or bfloat16 where `bf16_available()`, by `bf16_linear`); else `F.linear`."
     rows = x.numel() // max(1, x.shape[-1])
-    if (0 < rows <= SMALL_ROWS and x.dtype == weight.dtype == torch.float32 and x.device.type == weight.device.type == 'cpu'
-            and not torch.is_grad_enabled() and _linear is not None):  # the checks small_linear would make, once
-        return _product(x.reshape(rows, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
+    if 0 < rows <= SMALL_ROWS and x.device.type == weight.device.type == 'cpu' and not torch.is_grad_enabled() and _linear is not None:
+        if x.dtype == weight.dtype == torch.float32:                          # the checks small_linear would make, once
+            return _product(x.reshape(rows, x.shape[-1]), weight, bias).view(*x.shape[:-1], weight.shape[0])
+        if x.dtype == weight.dtype == torch.bfloat16 and _BF16: return bf16_linear(x, weight, bias)   # a bfloat16 model
     return F.linear(x, weight, bias)
 
 class SmallRowsLinear(nn.Linear):
-    "An `nn.Linear` whose small, gradient-free, float32 CPU products go to `small_linear` (see `use_small_linear`)."
+    "An `nn.Linear` whose small, gradient-free CPU products go to the kernel (see `use_small_linear`)."
     def forward(self, x): return rows_linear(x, self.weight, self.bias)    # x: [..., K]
 
 _LINEARS = weakref.WeakKeyDictionary()          # model -> the nn.Linear modules swapped by the outermost open block
 _DEPTH = weakref.WeakKeyDictionary()            # model -> how many use_small_linear blocks are open on it
 
 def _linears(model):
-    "The model's plain float32 CPU nn.Linear modules, found afresh (a model moved to another dtype or device since is seen as it is now)."
-    return [m for m in model.modules() if type(m) is nn.Linear and m.weight.dtype == torch.float32 and m.weight.device.type == 'cpu']
+    "The model's plain CPU nn.Linear modules in float32 (and bfloat16 where `bf16_available()`), found afresh (a model moved to another dtype or device since is seen as it is now)."
+    dtypes = (torch.float32, torch.bfloat16) if _BF16 else (torch.float32,)
+    return [m for m in model.modules() if type(m) is nn.Linear and m.weight.dtype in dtypes and m.weight.device.type == 'cpu']
 
 @contextmanager
 def use_small_linear(model, enabled=True):
-    "Inside the block, `model`'s few-row float32 CPU products run on the C++ kernel (a no-op if not `enabled` or not built)."
+    "Inside the block, `model`'s few-row CPU products run on the C++ kernel, float32 ones always and bfloat16 ones where `bf16_available()` (a no-op if not `enabled` or not built)."
     if model is None or not enabled or not small_linear_available():
         yield model; return
     if _DEPTH.get(model, 0) == 0:
@@ -98,8 +101,6 @@ def use_small_linear(model, enabled=True):
             for m in _LINEARS.pop(model): m.__class__ = nn.Linear
 
 # %% ../nbs/api/06a_small_linear.ipynb #158423a1
-_BF16 = _linear is not None and hasattr(_linear, 'has_bf16') and _linear.has_bf16()   # asked once: bf16_linear runs per product
-
 def bf16_available():
     "Whether `bf16_linear` runs on the kernel here: the extension is built and the CPU has AVX-512 BF16."
     return _BF16
@@ -108,19 +109,21 @@ def _bits(t):
     "The raw bits of a bfloat16 CPU tensor as a uint16 numpy array (what the kernel reads)."
     return t.contiguous().view(torch.int16).numpy().view('uint16')
 
-def bf16_linear(x,                 # FloatTensor[..., K] on the CPU (rounded to bfloat16 for the product)
+def bf16_linear(x,                 # FloatTensor or BFloat16Tensor[..., K] on the CPU (float32 is rounded to bfloat16 for the product)
                 weight,            # BFloat16Tensor[N, K]
-                bias=None):        # FloatTensor[N] or None
-    "`bf16(x) @ weight.T (+ bias)`, products exact, sums in float32: FloatTensor[..., N]; the kernel for 1..`SMALL_ROWS` gradient-free rows where `bf16_available()`, else `F.linear` on the same values."
-    if weight.dtype != torch.bfloat16 or x.dtype != torch.float32: raise ValueError(f"bf16_linear takes a float32 x and a bfloat16 weight, got {x.dtype} and {weight.dtype}")
+                bias=None):        # Tensor[N] or None
+    "`bf16(x) @ weight.T (+ bias)`, products exact, sums in float32, in x's dtype: Tensor[..., N]; the kernel for 1..`SMALL_ROWS` gradient-free rows where `bf16_available()`, else `F.linear` on the same values."
+    if weight.dtype != torch.bfloat16 or x.dtype not in (torch.float32, torch.bfloat16):
+        raise ValueError(f"bf16_linear takes a float32 or bfloat16 x and a bfloat16 weight, got {x.dtype} and {weight.dtype}")
     if x.shape[-1] != weight.shape[1]: raise ValueError(f"x has {x.shape[-1]} features, weight expects {weight.shape[1]}")
     rows = x.numel() // max(1, x.shape[-1])
+    b = None if bias is None else bias.detach().float()
     if 0 < rows <= SMALL_ROWS and x.device.type == weight.device.type == 'cpu' and not torch.is_grad_enabled() and _BF16:
-        y = torch.empty(rows, weight.shape[0])                            # [rows, N]
-        _linear.linear_bf16(x.reshape(rows, -1).contiguous().numpy(), _bits(weight), y.numpy())   # x rounded to bfloat16 in the kernel
+        y = torch.empty(rows, weight.shape[0])                            # [rows, N], float32
+        _linear.linear_bf16(x.reshape(rows, -1).float().contiguous().numpy(), _bits(weight), y.numpy())   # x rounded to bfloat16 in the kernel
         y = y.view(*x.shape[:-1], weight.shape[0])
-        return y if bias is None else y.add_(bias.detach())
-    return F.linear(x.to(torch.bfloat16).float(), weight.float(), bias)
+        return (y if b is None else y.add_(b)).to(x.dtype)               # a bfloat16 x: the float32 sum rounded once
+    return F.linear(x.to(torch.bfloat16).float(), weight.float(), b).to(x.dtype)
 
 class BF16Linear(nn.Linear):
     "An `nn.Linear` whose products are `bf16_linear` with a bfloat16 copy of its weight (`weight_bf16`, made by `bf16_products`; not saved)."
