@@ -17,7 +17,8 @@ from .builders import BUILDERS, COST_AWARE, MAX_BUDGET, TOP_DRAWS, run_options
 from .verify import sampling_probs, verify_path
 from .tree_attention import tree_mask, register_tree_attention, kernel_verified, kernel_pays
 from .small_linear import use_small_linear
-from .forward import DraftSession, additive_mask, forward, prefill, keep_positions, input_device, new_cache
+from .forward import DraftSession, additive_mask, forward, prefill, keep_positions, input_device, new_cache, lean_supported
+from .static import StaticCache, BUCKETS
 from .cost import CostModel, cost_model
 from .head import HeadSession, HeadCache, is_head, check_head_target, unrolled_logits
 from .forward import layer_states
@@ -122,6 +123,7 @@ class SpecDecoder:
                  lean=True,          # the lean forward on preallocated caches (06b_kv) where a model allows; False: its own forward
                  max_budget=None,    # budget='auto' only: the cap on draft tokens per step (default AUTO_CAP)
                  costs=None,         # budget='auto' only: a cost.CostModel (default: this machine's, cached; measured on first use)
+                 static=False,       # the target verifies on fixed shapes (06e_static: trees padded to buckets; CUDA graphs on a GPU)
                  **options):         # `options` go to the builder
         if method != 'autoregressive' and method not in BUILDERS:
             raise ValueError(f"unknown method {method!r}: choose one of {sorted(BUILDERS) + ['autoregressive']}")
@@ -152,11 +154,14 @@ class SpecDecoder:
             raise ValueError(f"attention must be 'auto', 'triton' or 'default', got {attention!r}")
         self.target, self.draft, self.method, self.budget, self.options = target, draft, method, budget, options
         if not isinstance(lean, bool): raise ValueError(f"lean must be True or False, got {lean!r}")
-        self.prefetch, self.small_linear, self.lean = prefetch, small_linear, lean
+        if not isinstance(static, bool): raise ValueError(f"static must be True or False, got {static!r}")
+        if static and not (lean and lean_supported(target)): raise ValueError("static=True needs the lean forward: a Llama-architecture target on SDPA attention, lean=True")
+        if static and attention == 'triton': raise ValueError("static=True verifies with the lean forward's attention, not attention='triton'")
+        self.prefetch, self.small_linear, self.lean, self.static = prefetch, small_linear, lean, static
         self.auto = auto and method != 'autoregressive'
         self.costs = (costs or cost_model(target, draft, small_linear, lean=lean)) if self.auto else None   # after the checks: may measure
         if self.auto: self.options = dict(options, costs=self.costs.step_costs(budget))
-        self.kernel = attention == 'triton' or (attention == 'auto' and input_device(target).type == 'cuda' and kernel_verified() and kernel_pays())
+        self.kernel = not static and (attention == 'triton' or (attention == 'auto' and input_device(target).type == 'cuda' and kernel_verified() and kernel_pays()))
         if self.kernel: register_tree_attention(target)     # the target verifies trees with the block-sparse kernel, in DFS order
 
 def _budget_label(self: SpecDecoder):
@@ -164,6 +169,16 @@ def _budget_label(self: SpecDecoder):
     return f"auto (at most {self.budget})" if self.auto else str(self.budget)
 
 SpecDecoder.budget_label = property(_budget_label)
+
+def _static_cache(self: SpecDecoder, room, hidden):
+    "static=True: the decoder's `StaticCache`, emptied, kept from call to call (its buffers, and on CUDA its captured graphs, with it); a new one, of the next power of two >= `room` positions, when it is too small."
+    c = getattr(self, '_static', None)
+    if c is None or c.k.shape[2] < room or c.hidden != (tuple(hidden) if hidden else None):
+        c = self._static = StaticCache(self.target, max(256, 1 << (room - 1).bit_length()), hidden=hidden)
+    c.n = 0
+    return c
+
+SpecDecoder.static_cache = _static_cache
 
 # %% ../nbs/api/08_engine.ipynb #d524f46d
 @torch.no_grad()
@@ -272,7 +287,8 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
     stats = GenerationStats()
     head = is_head(self.draft)
     room = len(seq) + max_new_tokens + (self.budget if isinstance(self.budget, int) else 0) + 1   # the longest a cache can get
-    tcache, dcache = new_cache(self.target, self.lean, room), (HeadCache(self.draft.config.hidden_size * len(self.draft.config.layers)) if head else new_cache(self.draft, self.lean, room))
+    tcache = self.static_cache(room + max(BUCKETS), self.draft.config.layers if head else None) if self.static else new_cache(self.target, self.lean, room)
+    dcache = (HeadCache(self.draft.config.hidden_size * len(self.draft.config.layers)) if head else new_cache(self.draft, self.lean, room))
     if len(seq) > 1:                                                          # target: everything but the root
         t0 = time.perf_counter()
         out = prefill(self.target, torch.tensor(seq[:-1]), tcache, keep=torch.tensor([len(seq) - 2]), hidden=self.draft.config.layers if head else None)

@@ -4,7 +4,8 @@
 
 # %% auto #0
 __all__ = ['layer_states', 'additive_mask', 'causal_mask', 'input_device', 'forward', 'prefill', 'cache_len', 'keep_positions',
-           'crop_to', 'lean_supported', 'stacked', 'LeanCache', 'new_cache', 'lean_forward', 'DraftSession']
+           'crop_to', 'lean_supported', 'stacked', 'LeanCache', 'new_cache', 'lean_layers', 'output_logits',
+           'lean_forward', 'DraftSession']
 
 # %% ../nbs/api/06b_forward.ipynb #940699dc
 import inspect, time, weakref
@@ -50,7 +51,7 @@ def _trims_logits(model):
 def forward(model, ids, positions, mask, cache, keep=None,
             hidden=None):    # indices into the model's hidden_states: also return those layers' states, side by side
     "Logits (float32, CPU) of one cached forward, rows `keep` only if given: ids/positions LongTensor[q], mask [1, 1, q, k]; with `hidden`, `(logits, FloatTensor[q, len(hidden) * H])`."
-    if isinstance(cache, LeanCache): return lean_forward(model, ids, positions, mask, cache, keep, hidden)   # the same numbers, less overhead
+    if isinstance(cache, LeanCache): return cache.run(model, ids, positions, mask, keep, hidden)   # the same numbers, less overhead
     dev = input_device(model)
     kw = dict(input_ids=ids[None].to(dev), position_ids=positions[None].to(dev), attention_mask=mask.to(dev),
               past_key_values=cache, use_cache=True)
@@ -133,6 +134,10 @@ class LeanCache:
 
     def get_seq_length(self, layer_idx=0): return self.n
 
+    def run(self, model, ids, positions, mask, keep=None, hidden=None):
+        "`forward` on this cache: `lean_forward` (a cache that runs its forwards otherwise overrides this)."
+        return lean_forward(model, ids, positions, mask, self, keep, hidden)
+
     def crop(self, max_length):
         "Keep the first `max_length` positions (negative: drop that many from the end), as `DynamicCache.crop`."
         self.n = min(self.n, max_length if max_length >= 0 else max(0, self.n + max_length))
@@ -155,28 +160,25 @@ def new_cache(model, lean=True, capacity=256):
 
 # %% ../nbs/api/06b_forward.ipynb #0c25883d
 @torch.no_grad()
-def lean_forward(model, ids, positions, mask, cache, keep=None, hidden=None):
-    "`forward` of a Llama-architecture `model` on a `LeanCache`, bit for bit the model's own: logits (float32, CPU), and with `hidden` those layers' states."
-    if cache.model is not model: raise ValueError(f"this LeanCache was made for another model ({type(cache.model).__name__})")
+def lean_layers(model, weights, x, cos, sin, mask, kv, hidden=False):
+    """The decoder layers of a Llama-architecture `model` on x [1, q, H], as its own forward runs them: `weights` the
+    stacked products (`LeanCache.weights`), cos and sin [1, q, d] the rotary tables, mask [1, 1, q, S]; `kv(l, k, v)`
+    stores layer l's new keys and values ([kv_heads, q, d] each) and returns what attention reads ([1, kv_heads, S, d]
+    each). `(the normed output [1, q, H], the states after the embedding and each layer, the last normed, if hidden)`."""
     m, c = model.model, model.config
     nh, nkv = c.num_attention_heads, c.num_key_value_heads
     d = getattr(c, 'head_dim', None) or c.hidden_size // nh
-    dev, q, P = cache.device, len(ids), cache.n
-    cache.reserve(P + q)
+    q = x.shape[1]
     lin = linear_product(m.layers[0].mlp.gate_proj)[0]                         # the product the model's own layers run now
-    x = m.embed_tokens(ids[None].to(dev))                                      # [1, q, H]
-    cos, sin = m.rotary_emb(x, positions[None].to(dev))                        # [1, q, d] each
-    mask = mask.to(dev)                                                        # [1, 1, q, P + q]
     states = [x]
-    for l, (layer, (w_qkv, b_qkv, w_gu, b_gu)) in enumerate(zip(m.layers, cache.weights)):
+    for l, (layer, (w_qkv, b_qkv, w_gu, b_gu)) in enumerate(zip(m.layers, weights)):
         att, mlp = layer.self_attn, layer.mlp
         qkv = lin(layer.input_layernorm(x), w_qkv, b_qkv)                      # [1, q, (nh + 2 nkv) d]
         qs = qkv[..., :nh * d].view(1, q, nh, d).transpose(1, 2)               # [1, nh, q, d]
         ks = qkv[..., nh * d:(nh + nkv) * d].view(1, q, nkv, d).transpose(1, 2)   # [1, nkv, q, d]
         vs = qkv[..., (nh + nkv) * d:].view(1, q, nkv, d).transpose(1, 2)
         qs, ks = apply_rotary_pos_emb(qs, ks, cos, sin)
-        cache.k[l, :, P:P + q], cache.v[l, :, P:P + q] = ks[0], vs[0]
-        K, V = cache.k[l, None, :, :P + q], cache.v[l, None, :, :P + q]       # [1, nkv, P + q, d]
+        K, V = kv(l, ks[0], vs[0])                                             # [1, nkv, S, d] each
         if q == 1:                                                             # one query: its heads folded onto their key heads
             a = F.scaled_dot_product_attention(qs.reshape(1, nkv, nh // nkv, d), K, V, attn_mask=mask, scale=att.scaling)
             a = a.reshape(1, 1, nh * d)
@@ -187,12 +189,30 @@ def lean_forward(model, ids, positions, mask, cache, keep=None, hidden=None):
         g, u = lin(layer.post_attention_layernorm(x), w_gu, b_gu).chunk(2, -1)  # [1, q, I] each
         x = x + mlp.down_proj(mlp.act_fn(g) * u)
         if hidden: states.append(x)
-    cache.n = P + q
     x = m.norm(x)                                                              # [1, q, H]; hidden_states[-1] is the normed state
-    h = x[0] if keep is None else x[0, keep.to(dev)]
-    logits = model.full_logits(model.reduced_logits(h)) if hasattr(model, 'reduced_logits') else model.lm_head(h)   # the draft's reduced head
+    if hidden: states[-1] = x
+    return x, states
+
+def output_logits(model, h):
+    "The logits of final states h [..., H]: the output layer, or a draft's reduced head scattered to the full vocabulary."
+    return model.full_logits(model.reduced_logits(h)) if hasattr(model, 'reduced_logits') else model.lm_head(h)
+
+@torch.no_grad()
+def lean_forward(model, ids, positions, mask, cache, keep=None, hidden=None):
+    "`forward` of a Llama-architecture `model` on a `LeanCache`, bit for bit the model's own: logits (float32, CPU), and with `hidden` those layers' states."
+    if cache.model is not model: raise ValueError(f"this LeanCache was made for another model ({type(cache.model).__name__})")
+    dev, q, P = cache.device, len(ids), cache.n
+    cache.reserve(P + q)
+    m = model.model
+    x = m.embed_tokens(ids[None].to(dev))                                      # [1, q, H]
+    cos, sin = m.rotary_emb(x, positions[None].to(dev))                        # [1, q, d] each
+    def kv(l, k, v):                                                           # written at n..n+q-1, attention reads [:n+q]
+        cache.k[l, :, P:P + q], cache.v[l, :, P:P + q] = k, v
+        return cache.k[l, None, :, :P + q], cache.v[l, None, :, :P + q]
+    x, states = lean_layers(model, cache.weights, x, cos, sin, mask.to(dev), kv, hidden)   # mask: [1, 1, q, P + q]
+    cache.n = P + q
+    logits = output_logits(model, x[0] if keep is None else x[0, keep.to(dev)])
     if not hidden: return logits.float().cpu()
-    states[-1] = x
     return logits.float().cpu(), layer_states(states, hidden)[0].float().cpu()
 
 # %% ../nbs/api/06b_forward.ipynb #4d671806
