@@ -20,7 +20,7 @@ from .small_linear import use_small_linear
 from .forward import DraftSession, additive_mask, forward, prefill, keep_positions, input_device, new_cache, lean_supported
 from .static import StaticCache, BUCKETS
 from .cost import CostModel, cost_model
-from .head import HeadSession, HeadCache, is_head, check_head_target, unrolled_logits
+from .head import HeadSession, HeadCache, StaticHeadCache, is_head, check_head_target, unrolled_logits
 from .forward import layer_states
 
 # %% ../nbs/api/08_engine.ipynb #aa9a1d48
@@ -123,7 +123,7 @@ class SpecDecoder:
                  lean=True,          # the lean forward on preallocated caches (06b_kv) where a model allows; False: its own forward
                  max_budget=None,    # budget='auto' only: the cap on draft tokens per step (default AUTO_CAP)
                  costs=None,         # budget='auto' only: a cost.CostModel (default: this machine's, cached; measured on first use)
-                 static=False,       # the target verifies on fixed shapes (06e_static: trees padded to buckets; CUDA graphs on a GPU)
+                 static=False,       # the target verifies, and the draft drafts, on fixed shapes (06e_static, 07c_head: padded to buckets; CUDA graphs on a GPU)
                  **options):         # `options` go to the builder
         if method != 'autoregressive' and method not in BUILDERS:
             raise ValueError(f"unknown method {method!r}: choose one of {sorted(BUILDERS) + ['autoregressive']}")
@@ -170,15 +170,24 @@ def _budget_label(self: SpecDecoder):
 
 SpecDecoder.budget_label = property(_budget_label)
 
-def _static_cache(self: SpecDecoder, room, hidden):
-    "static=True: the decoder's `StaticCache`, emptied, kept from call to call (its buffers, and on CUDA its captured graphs, with it); a new one, of the next power of two >= `room` positions, when it is too small."
-    c = getattr(self, '_static', None)
-    if c is None or c.k.shape[2] < room or c.hidden != (tuple(hidden) if hidden else None):
-        c = self._static = StaticCache(self.target, max(256, 1 << (room - 1).bit_length()), hidden=hidden)
-    c.n = 0
-    return c
+def _static_caches(self: SpecDecoder, room):
+    """static=True: `(target cache, draft cache)`, emptied and kept from call to call (their buffers, and on CUDA their
+    captured graphs, with them); new ones of the next power of two >= `room` positions when they are too small. The
+    target's is a `StaticCache`; the draft's a `StaticHeadCache` for a head, a `StaticCache` for a draft the lean forward
+    runs, else a new cache of its own."""
+    head = is_head(self.draft)
+    t, d = getattr(self, '_static', (None, None))
+    if t is None or t.k.shape[2] < room:
+        cap = max(256, 1 << (room - 1).bit_length())
+        t = StaticCache(self.target, cap, hidden=self.draft.config.layers if head else None)
+        d = StaticHeadCache(self.draft, cap) if head else StaticCache(self.draft, cap) if self.draft is not None and lean_supported(self.draft) else None
+        self._static = (t, d)
+    t.n = 0
+    if head: d.reset()
+    elif d is not None: d.n = 0
+    return t, (d if d is not None else new_cache(self.draft, self.lean, room))
 
-SpecDecoder.static_cache = _static_cache
+SpecDecoder.static_caches = _static_caches
 
 # %% ../nbs/api/08_engine.ipynb #d524f46d
 @torch.no_grad()
@@ -287,8 +296,8 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
     stats = GenerationStats()
     head = is_head(self.draft)
     room = len(seq) + max_new_tokens + (self.budget if isinstance(self.budget, int) else 0) + 1   # the longest a cache can get
-    tcache = self.static_cache(room + max(BUCKETS), self.draft.config.layers if head else None) if self.static else new_cache(self.target, self.lean, room)
-    dcache = (HeadCache(self.draft.config.hidden_size * len(self.draft.config.layers)) if head else new_cache(self.draft, self.lean, room))
+    if self.static: tcache, dcache = self.static_caches(room + max(BUCKETS))                    # room for the largest bucket
+    else: tcache, dcache = new_cache(self.target, self.lean, room), (HeadCache(self.draft.config.hidden_size * len(self.draft.config.layers)) if head else new_cache(self.draft, self.lean, room))
     if len(seq) > 1:                                                          # target: everything but the root
         t0 = time.perf_counter()
         out = prefill(self.target, torch.tensor(seq[:-1]), tcache, keep=torch.tensor([len(seq) - 2]), hidden=self.draft.config.layers if head else None)

@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['layer_states', 'additive_mask', 'causal_mask', 'input_device', 'forward', 'prefill', 'cache_len', 'keep_positions',
-           'crop_to', 'lean_supported', 'stacked', 'LeanCache', 'new_cache', 'lean_layers', 'output_logits',
-           'lean_forward', 'DraftSession']
+           'crop_to', 'lean_supported', 'stacked', 'keep_in_place', 'LeanCache', 'new_cache', 'lean_layers',
+           'output_logits', 'lean_forward', 'DraftSession']
 
 # %% ../nbs/api/06b_forward.ipynb #940699dc
 import inspect, time, weakref
@@ -74,8 +74,8 @@ def cache_len(cache):
     return cache.get_seq_length()
 
 def keep_positions(cache, idx):
-    "Keep only the cached positions `idx` (LongTensor), in that order, in every layer of a DynamicCache or a `LeanCache`."
-    if isinstance(cache, LeanCache): return cache.keep(idx)
+    "Keep only the cached positions `idx` (LongTensor), in that order, in every layer of a DynamicCache, or by the cache's own `keep` (a `LeanCache`)."
+    if hasattr(cache, 'keep'): return cache.keep(idx)
     for layer in cache.layers:
         if getattr(layer, 'is_sliding', False): raise ValueError("sliding-window caches cannot be compacted; use a model without sliding window layers")
         if layer.keys is None or layer.keys.numel() == 0: continue
@@ -112,6 +112,17 @@ def _stacked(model):
     return [stacked(model, (i, 'qkv'), (l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj)) + stacked(model, (i, 'gate_up'), (l.mlp.gate_proj, l.mlp.up_proj))
             for i, l in enumerate(model.model.layers)]
 
+def keep_in_place(caches, n, idx):
+    "Keep the positions `idx` (LongTensor, in that order) of the first `n` along dim 2 of each tensor in `caches` ([.., .., capacity, ..]), moved in place from the first position that changes; the new length."
+    idx = idx.tolist()
+    if idx and (min(idx) < 0 or max(idx) >= n): raise IndexError(f"positions must lie in [0, {n}), got {min(idx)}..{max(idx)}")
+    j = 0
+    while j < len(idx) and idx[j] == j: j += 1                     # the prefix that stays in place
+    if j < len(idx):
+        src = torch.tensor(idx[j:], device=caches[0].device)
+        for t in caches: t[:, :, j:len(idx)] = t[:, :, src]        # the gather copies first, so overlapping moves are safe
+    return len(idx)
+
 class LeanCache:
     "A preallocated KV cache of one model for `lean_forward`: keys and values [layers, kv_heads, capacity, head_dim], positions 0..n-1 valid."
     def __init__(self, model, capacity=256):
@@ -144,15 +155,7 @@ class LeanCache:
 
     def keep(self, idx):
         "Keep only positions `idx` (LongTensor), in that order: copies only from the first position that moves on."
-        idx = idx.tolist()
-        if idx and (min(idx) < 0 or max(idx) >= self.n): raise IndexError(f"positions must lie in [0, {self.n}), got {min(idx)}..{max(idx)}")
-        j = 0
-        while j < len(idx) and idx[j] == j: j += 1                 # the prefix that stays in place
-        if j < len(idx):
-            src = torch.tensor(idx[j:], device=self.device)
-            self.k[:, :, j:len(idx)] = self.k[:, :, src]           # the gather copies first, so overlapping moves are safe
-            self.v[:, :, j:len(idx)] = self.v[:, :, src]
-        self.n = len(idx)
+        self.n = keep_in_place((self.k, self.v), self.n, idx)
 
 def new_cache(model, lean=True, capacity=256):
     "An empty KV cache for `model`: a `LeanCache` with room for `capacity` positions if `lean` and `lean_supported(model)`, else a transformers `DynamicCache`."

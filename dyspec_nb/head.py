@@ -7,10 +7,11 @@ __all__ = ['HEAD_TYPE', 'FEATURE_DTYPES', 'HEAD_PRODUCTS', 'default_layers', 'ta
            'check_head_target', 'rope', 'FeatureHead', 'is_head', 'rope_table', 'lean_head_layer', 'FeatureSeq',
            'target_features', 'reading_copy', 'token_rows', 'collate_features', 'teacher_features', 'unroll_mask',
            'unrolled_logits', 'HeadTrainConfig', 'head_metrics', 'train_head', 'tiny_samples', 'tiny_head', 'head_dir',
-           'save_head', 'is_head_folder', 'with_products', 'load_head', 'rebind_vocab', 'HeadCache', 'HeadSession']
+           'save_head', 'is_head_folder', 'with_products', 'load_head', 'rebind_vocab', 'HeadCache', 'HeadSession',
+           'StaticHeadCache']
 
 # %% ../nbs/api/07c_head.ipynb #13d5db53
-import copy, hashlib, json, math, time
+import copy, hashlib, json, math, time, warnings
 from dataclasses import dataclass, asdict, field, replace
 from pathlib import Path
 import torch, torch.nn as nn, torch.nn.functional as F
@@ -23,8 +24,9 @@ from safetensors.torch import save_file, load_file
 from .forward import layer_states
 from .training import topk_logprobs, length_batches, distill_loss, warmup_cosine
 from .verify import sampling_probs
-from .forward import DraftSession, forward, keep_positions, input_device, stacked
+from .forward import DraftSession, forward, keep_positions, keep_in_place, input_device, stacked
 from .small_linear import bf16_products, linear_product
+from .static import BUCKETS, bucket_for, replay, fill_step
 
 # %% ../nbs/api/07c_head.ipynb #60244cd7
 HEAD_TYPE = 'dyspec_feature_head'
@@ -188,15 +190,15 @@ def rope_table(head, n, device='cpu'):
     return head._rope
 
 @torch.no_grad()
-def lean_head_layer(head, ids, pos, mask, cache, feats):
-    "`head.layer(head.inputs(ids, feats), pos, mask, cache.update)` with fewer operations: ids, pos [B, T], feats [B, T, H], mask as `layer` takes it; out [B, T, H]."
+def lean_head_layer(head, ids, pos, mask, cache, feats, rope=None):
+    "`head.layer(head.inputs(ids, feats), pos, mask, cache.update)` with fewer operations: ids, pos [B, T], feats [B, T, H], mask as `layer` takes it; out [B, T, H]. `rope`: a `rope_table` long enough for every position (else looked up, which reads the largest position on the host)."
     c = head.config; B, T = ids.shape; H, nh, kvh, d = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
     norm = lambda x, m: F.rms_norm(x, (H,), m.weight, m.variance_epsilon)
     lin = linear_product(head.q)[0]                                                               # the product the head's modules run now
     prod = lambda x, name, mods: lin(x, *stacked(head, name, mods))                               # one product for `mods`, weights stacked
     x = prod(torch.cat([norm(head._embed(ids).to(feats.dtype), head.norm_e), norm(feats, head.norm_f)], -1), 'inp', (head.inp,))   # [B, T, H]
     qkv = prod(norm(x, head.attn_norm), 'qkv', (head.q, head.k, head.v))                          # [B, T, (nh + 2 kvh) d]
-    cos, sin = (t[pos][:, None].to(x.dtype) for t in rope_table(head, int(pos.max()) + 1, pos.device))       # [B, 1, T, d]
+    cos, sin = (t[pos][:, None].to(x.dtype) for t in (rope or rope_table(head, int(pos.max()) + 1, pos.device)))   # [B, 1, T, d]
     turn = lambda t: t * cos + torch.cat([-t[..., d // 2:], t[..., :d // 2]], -1) * sin           # as `rope`
     q = turn(qkv[..., :nh * d].view(B, T, nh, d).transpose(1, 2))                                # [B, nh, T, d]
     k = turn(qkv[..., nh * d:(nh + kvh) * d].view(B, T, kvh, d).transpose(1, 2))                 # [B, kvh, T, d]
@@ -471,6 +473,10 @@ class HeadSession(DraftSession):
         text = head.fuse(self.cache.features(self.root_pos - c - 1, self.root_pos).to(dev, head.dtype))   # [c + 1, H]: F_{p-1} of each text row, the root's last
         par = tree.parents.tolist()
         f = torch.cat([text[:c]] + [text[c:] if u == 0 else self.out[par[u]][None] for u in new])      # [q, H]
+        if isinstance(self.cache, StaticHeadCache):                                                    # fixed shapes (below)
+            logits, g = self.cache.call(ids.to(dev), pos.to(dev), mask.to(dev, head.dtype), f, c)     # [q - c, V], [q - c, H]
+            for j, u in enumerate(new): self.out[u] = g[j]
+            return logits.float().cpu()
         out = head(input_ids=ids[None].to(dev), position_ids=pos[None].to(dev), attention_mask=mask.to(dev), past_key_values=self.cache,
                    features=f[None], logits_to_keep=torch.arange(c, len(ids), device=dev))
         for j, u in enumerate(new): self.out[u] = out.features[0, c + j]
@@ -481,3 +487,69 @@ class HeadSession(DraftSession):
         if not self.slot: return
         keep_positions(self.cache, torch.arange(self.slot[0] + 1))
         self.cache.forget_before(self.root_pos)
+
+# %% ../nbs/api/07c_head.ipynb #03f2aa4e
+def _head_call(head, cache, buf):
+    "The head's call on a bucket's buffers (ids, pos, slots [B]; feats [B, H]; mask [1, 1, B, C]): `(logits [B, V], output features [B, H])`."
+    cache.slots = buf['slots']                                                                  # where `update` writes
+    g = lean_head_layer(head, buf['ids'][None], buf['pos'][None], buf['mask'], cache, buf['feats'][None], rope=cache.rope)[0]   # [B, H]
+    return head.full_logits(head.reduced_logits(g)), g
+
+class StaticHeadCache(HeadCache):
+    "A `HeadCache` whose keys and values sit in tensors of fixed `capacity`, written by slot, so that the head's calls run padded to a bucket on buffers kept per bucket; with `graphs` (default: on CUDA) each bucket's call is a CUDA graph."
+    def __init__(self, head, capacity, buckets=BUCKETS, graphs=None):
+        super().__init__(head.config.hidden_size * len(head.config.layers))
+        c, dev = head.config, input_device(head)
+        self.head, self.device, self.dtype, self.n = head, dev, head.dtype, 0
+        self.K = torch.zeros(1, c.num_key_value_heads, capacity, c.head_dim, dtype=head.dtype, device=dev)   # [1, kvh, C, d]
+        self.V = torch.zeros_like(self.K)
+        self.rope = rope_table(head, capacity + max(buckets) + 1, dev)          # every position a call can reach
+        self.buckets = tuple(sorted(set(buckets)))
+        self.graphs = dev.type == 'cuda' if graphs is None else graphs
+        if self.graphs and dev.type != 'cuda': raise ValueError(f"CUDA graphs need the head on a CUDA device, not {dev}")
+        self.static, self.eager, self._warned, self.slots = {}, 0, False, None
+
+    def reset(self):
+        "Empty, for a new sequence: no cached position, no features (the buffers and graphs stay)."
+        self.n, self.feats, self.feats_start = 0, None, 0
+
+    def get_seq_length(self, layer_idx=0): return self.n
+
+    def update(self, k, v, layer_idx=0, *args, **kwargs):
+        "Write k, v [1, kvh, T, d] at the slots of the call; attention reads the whole cache, under the call's mask."
+        self.K[0].index_copy_(1, self.slots, k[0]); self.V[0].index_copy_(1, self.slots, v[0])
+        return self.K, self.V
+
+    def keep(self, idx):
+        "Keep only the cached positions `idx` (LongTensor), in that order."
+        self.n = keep_in_place((self.K, self.V), self.n, idx)
+
+    def buffers(self, size):
+        "The buffers of the bucket `size`, made on first use."
+        if size not in self.static:
+            z = lambda: torch.zeros(size, dtype=torch.long, device=self.device)
+            self.static[size] = dict(ids=z(), pos=z(), slots=z(), feats=torch.zeros(size, self.head.config.hidden_size, dtype=self.dtype, device=self.device),
+                                     mask=torch.zeros(1, 1, size, self.K.shape[2], dtype=self.dtype, device=self.device), graph=None, out=None)
+        return self.static[size]
+
+    def call(self, ids, pos, mask, feats, c):
+        "One call of q rows after the n cached (ids, pos LongTensor[q]; mask [1, 1, q, n + q]; feats [q, H]): `(logits [q - c, V], output features [q - c, H])` of rows c.."
+        q, P = len(ids), self.n
+        if P + q > self.K.shape[2]: raise ValueError(f"this StaticHeadCache holds {self.K.shape[2]} positions and {P + q} are needed: make it with a larger capacity")
+        B = bucket_for(q, self.buckets)
+        if B is None or P + B > self.K.shape[2]:
+            if P:
+                self.eager += 1
+                if not self._warned:
+                    warnings.warn(f"a head call of {q} rows fits no bucket of {self.buckets} with {P} cached: it runs unpadded (said once per cache)", RuntimeWarning, stacklevel=3)
+                    self._warned = True
+            buf, graph = dict(ids=ids.new_zeros(q), pos=ids.new_zeros(q), slots=ids.new_zeros(q), feats=feats,     # unpadded, eager
+                              mask=torch.zeros(1, 1, q, self.K.shape[2], dtype=self.dtype, device=self.device)), False
+        else:
+            buf, graph = self.buffers(B), self.graphs
+            buf['feats'][:q] = feats; buf['feats'][q:] = feats[0]
+        fill_step(buf, ids, pos, mask, P)
+        run = lambda: _head_call(self.head, self, buf)
+        logits, g = replay(buf, run, self.device) if graph else run()
+        self.n = P + q
+        return logits[c:q], g[c:q]

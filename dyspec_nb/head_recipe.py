@@ -96,7 +96,7 @@ def build_head(target=None, tokenizer=None, out=None, recipe=HeadRecipe(), minut
     cfg = head_config(target, recipe.vocab, intermediate_size=recipe.intermediate_size)
     data, val, secs = recipe_data(target, tokenizer, recipe, cfg.layers, progress, deadline=t_all + READ_SHARE * 60 * minutes)
     head = fresh_head(target, cfg, choose_vocab(data, cfg.draft_vocab_size, cfg.vocab_size)).to(target.device)   # trained where the target runs
-    left = (deadline - time.time()) / 60 - min(0.5, 0.1 * minutes)                  # the rest trains, but for choosing the served tokens and saving
+    left = (deadline - time.time()) / 60 - min(0.5, 0.2 * minutes)                  # the rest trains, but for the last validation, choosing the served tokens, saving and reloading
     if left <= 0: raise ValueError(f"{minutes:g} minutes do not leave time to train after the features ({secs['features'] / 60:.1f} min)")
     tcfg = replace(recipe.train, minutes=min(left, recipe.train.minutes or left))
     t0 = time.time(); hist = train_head(head, data, tcfg, val=val, progress=progress); t_train = time.time() - t0
