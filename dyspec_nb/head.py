@@ -11,7 +11,7 @@ __all__ = ['HEAD_TYPE', 'FEATURE_DTYPES', 'HEAD_PRODUCTS', 'default_layers', 'ta
            'StaticHeadCache']
 
 # %% ../nbs/api/07c_head.ipynb #13d5db53
-import copy, hashlib, json, math, time, warnings
+import copy, hashlib, json, math, time
 from dataclasses import dataclass, asdict, field, replace
 from pathlib import Path
 import torch, torch.nn as nn, torch.nn.functional as F
@@ -26,7 +26,7 @@ from .training import topk_logprobs, length_batches, distill_loss, warmup_cosine
 from .verify import sampling_probs
 from .forward import DraftSession, forward, keep_positions, keep_in_place, input_device, stacked
 from .small_linear import bf16_products, linear_product
-from .static import BUCKETS, bucket_for, replay, fill_step
+from .static import BUCKETS, replay, fill_step, step_buffers, pick_bucket
 
 # %% ../nbs/api/07c_head.ipynb #60244cd7
 HEAD_TYPE = 'dyspec_feature_head'
@@ -507,7 +507,7 @@ class StaticHeadCache(HeadCache):
         self.buckets = tuple(sorted(set(buckets)))
         self.graphs = dev.type == 'cuda' if graphs is None else graphs
         if self.graphs and dev.type != 'cuda': raise ValueError(f"CUDA graphs need the head on a CUDA device, not {dev}")
-        self.static, self.eager, self._warned, self.slots = {}, 0, False, None
+        self.static, self.eager, self.warned, self.slots = {}, 0, False, None   # as StaticCache's; the slots of the running call
 
     def reset(self):
         "Empty, for a new sequence: no cached position, no features (the buffers and graphs stay)."
@@ -527,24 +527,16 @@ class StaticHeadCache(HeadCache):
     def buffers(self, size):
         "The buffers of the bucket `size`, made on first use."
         if size not in self.static:
-            z = lambda: torch.zeros(size, dtype=torch.long, device=self.device)
-            self.static[size] = dict(ids=z(), pos=z(), slots=z(), feats=torch.zeros(size, self.head.config.hidden_size, dtype=self.dtype, device=self.device),
-                                     mask=torch.zeros(1, 1, size, self.K.shape[2], dtype=self.dtype, device=self.device), graph=None, out=None)
+            self.static[size] = step_buffers(size, self.K.shape[2], self.dtype, self.device,
+                                             feats=torch.zeros(size, self.head.config.hidden_size, dtype=self.dtype, device=self.device))
         return self.static[size]
 
     def call(self, ids, pos, mask, feats, c):
         "One call of q rows after the n cached (ids, pos LongTensor[q]; mask [1, 1, q, n + q]; feats [q, H]): `(logits [q - c, V], output features [q - c, H])` of rows c.."
         q, P = len(ids), self.n
         if P + q > self.K.shape[2]: raise ValueError(f"this StaticHeadCache holds {self.K.shape[2]} positions and {P + q} are needed: make it with a larger capacity")
-        B = bucket_for(q, self.buckets)
-        if B is None or P + B > self.K.shape[2]:
-            if P:
-                self.eager += 1
-                if not self._warned:
-                    warnings.warn(f"a head call of {q} rows fits no bucket of {self.buckets} with {P} cached: it runs unpadded (said once per cache)", RuntimeWarning, stacklevel=3)
-                    self._warned = True
-            buf, graph = dict(ids=ids.new_zeros(q), pos=ids.new_zeros(q), slots=ids.new_zeros(q), feats=feats,     # unpadded, eager
-                              mask=torch.zeros(1, 1, q, self.K.shape[2], dtype=self.dtype, device=self.device)), False
+        B = pick_bucket(self, q, self.K.shape[2], f"a head call of {q} rows")
+        if B is None: buf, graph = step_buffers(q, self.K.shape[2], self.dtype, self.device, feats=feats), False   # unpadded, eager
         else:
             buf, graph = self.buffers(B), self.graphs
             buf['feats'][:q] = feats; buf['feats'][q:] = feats[0]

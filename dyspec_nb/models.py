@@ -145,16 +145,19 @@ def load_default_pair(draft=None, device=None, dtype=None):
     `DEFAULT_DRAFT`), in eval mode, on `device` in `dtype` (`placement`: the CPU in float32 by default, the cached pair
     itself; elsewhere a copy)."""
     dev, dt = placement(device, dtype)
-    name = draft or DEFAULT_DRAFT
-    d = _shipped(name)                                            # the name is checked before any copy
+    name = _check_shipped(draft or DEFAULT_DRAFT)
     target, tok = load_target()
-    if _is_default(dev, dt): return target, d, tok
+    if _is_default(dev, dt): return target, _shipped(name), tok
     t = _placed(target, dev, dt)
-    return t, (load_head(head_dir(), t, dtype=dt).to(dev) if name == 'head' else _placed(d, dev, dt)), tok   # the head on the copy's rows
+    return t, (load_head(head_dir(), t, dtype=dt).to(dev) if name == 'head' else _placed(_shipped(name), dev, dt)), tok   # the head on the copy's rows
+
+def _check_shipped(name):
+    if name not in SHIPPED_DRAFTS: raise ValueError(f"the shipped drafts are {', '.join(map(repr, SHIPPED_DRAFTS))}, not {name!r}")
+    return name
 
 @lru_cache(maxsize=2)
 def _shipped(name):
-    if name not in SHIPPED_DRAFTS: raise ValueError(f"the shipped drafts are {', '.join(map(repr, SHIPPED_DRAFTS))}, not {name!r}")
+    _check_shipped(name)
     return load_draft() if name == 'token' else _shipped_head(load_target()[0])
 
 def _shipped_head(target):
