@@ -388,7 +388,7 @@ def cuda_notebooks(nbs='nbs'):
     return sorted(p for p in Path(nbs).rglob('*.ipynb') if has_cuda(p))
 
 def gpu_check(nbs='nbs', results='results', cuda=None, run=subprocess.run):
-    "Run every `#| cuda` cell (`nbdev-test --flags cuda` on each notebook that has one); the `results/*_gpu.json` files written."
+    "Run every `#| cuda` cell (`nbdev-test --flags cuda` on each notebook that has one, each timed, all of them even after a failure); the `results/*_gpu.json` files written."
     if cuda is None:
         import torch
         cuda = torch.cuda.is_available()
@@ -397,11 +397,13 @@ def gpu_check(nbs='nbs', results='results', cuda=None, run=subprocess.run):
     if not Path(nbs).is_dir(): raise RuntimeError(f"no notebook folder {nbs!r}: run dyspec gpu-check from the project root")
     todo = cuda_notebooks(nbs)
     if not todo: raise RuntimeError(f"no notebook in {nbs!r} has a #| cuda cell")
-    t0 = time.time()
-    for nb in todo:
+    t0, failed = time.time(), []
+    for nb in todo:                                  # every notebook, also after a failure: one run says all that fails
         print(f"running the GPU cells of {nb} ...", file=sys.stderr)
-        if run(['nbdev-test', str(nb), '--flags', 'cuda', '--verbose']).returncode:
-            raise RuntimeError(f"the GPU cells of {nb} failed (nbdev-test's output above says where)")
+        t = time.time(); rc = run(['nbdev-test', str(nb), '--flags', 'cuda', '--verbose']).returncode
+        print(f"{nb}: {'failed' if rc else 'passed'} in {time.time() - t:.0f} s ({time.time() - t0:.0f} s in all)", file=sys.stderr)
+        if rc: failed.append(str(nb))
+    if failed: raise RuntimeError(f"the GPU cells of {', '.join(failed)} failed (nbdev-test's output above says where)")
     written = sorted(p for p in Path(results).glob('*_gpu.json') if p.stat().st_mtime >= t0)
     if not written: raise RuntimeError(f"the GPU cells passed but wrote no {results}/*_gpu.json")
     return written

@@ -25,11 +25,12 @@ def forward_seconds(models,         # {name: model}, timed in turn, rep by rep
                     reps=5, warmup=0, seed=0,
                     tree=False,     # False: the new tokens are a causal chain; True: a random tree of that many nodes
                     small_linear=True,   # few-row products on the C++ kernel, as the engine runs them
-                    lean=True):          # the lean forward where the model has one (`new_cache`), as the engine runs it
+                    lean=True,           # the lean forward where the model has one (`new_cache`), as the engine runs it
+                    cache_for=None):     # model -> its empty cache (default `new_cache(model, lean)`; a `StaticCache` times fixed shapes)
     "Median seconds of one cached forward of n new tokens after `prefix` cached ones: `{name: {n: seconds}}`."
     g = torch.Generator().manual_seed(seed)
     V = min(m.config.vocab_size for m in models.values())
-    caches = {name: new_cache(m, lean) for name, m in models.items()}
+    caches = {name: cache_for(m) if cache_for else new_cache(m, lean) for name, m in models.items()}
     ids = torch.randint(V, (prefix,), generator=g)
     if prefix:
         for name, m in models.items(): prefill(m, ids, caches[name])
