@@ -175,7 +175,7 @@ static std::unique_ptr<Residual> make_residual(py::array_t<float> rows, i64 r, d
 
 struct Slot { double v; i64 tick; i64 node; };
 struct SlotOrder {                 // priority_queue pops the "largest": highest value, then earliest tick
-    bool operator()(const Slot& a, const Slot& b) const { return a.v < b.v || (a.v == b.v && a.tick > b.tick); }
+    template <class S> bool operator()(const S& a, const S& b) const { return a.v < b.v || (a.v == b.v && a.tick > b.tick); }
 };
 
 struct Builder {
@@ -260,26 +260,32 @@ py::tuple dyspec_greedy(i64 root, py::function expand, i64 budget,
     const bool top = us[0] < 0;                               // negative uniforms: top draws
     Pace pace(verify, call, scale, budget);
     Builder b(root, std::move(expand), atol);
-    std::priority_queue<Slot, std::vector<Slot>, SlotOrder> heap;
+    // A slot is ordered by its key: its value v, or for a top draw from a read row, v r of the token it would add (as
+    // the Python reference: `R.draw(-1.0)`'s r, the top weight over the running total). `value` keeps v.
+    struct Keyed { double v; i64 tick; i64 node; double value; };          // v: the key, as SlotOrder reads it
+    std::priority_queue<Keyed, std::vector<Keyed>, SlotOrder> heap;
     std::vector<std::unique_ptr<Residual>> residual(1);      // node -> residual, created on its first expansion
+    auto key = [top](double v, const Residual& R) { return top ? v * R.expected_r(true) : v; };
     i64 tick = 0, draws = 0;
-    heap.push({1.0, tick++, 0});
+    heap.push({1.0, tick++, 0, 1.0});
     while (!heap.empty() && b.n() <= budget) {
-        Slot s = heap.top(); heap.pop();
+        Keyed s = heap.top(); heap.pop();
+        const double v = s.value;
         if ((i64)residual.size() < b.n()) residual.resize(b.n());
         if (!residual[s.node]) {
-            if (pace.on && b.n() > 1 && !pace.pays(b.n() - 1, s.v, 0.0, true)) break;   // the call and the draw would not pay
+            if (pace.on && b.n() > 1 && !pace.pays(b.n() - 1, v, 0.0, true)) break;   // the call and the draw would not pay
             residual[s.node] = std::move(b.rows_for({s.node})[0]);
             if (pace.on) pace.called(residual[s.node]->expected_r(top));
+            if (top) { heap.push({key(v, *residual[s.node]), tick++, s.node, v}); continue; }   // its key was v, a bound
         }
         Residual& R = *residual[s.node];
-        if (pace.on && !pace.pays(b.n() - 1, s.v, R.expected_r(top), false)) break;
+        if (pace.on && !pace.pays(b.n() - 1, v, R.expected_r(top), false)) break;
         auto [y, r] = R.draw(us[draws++]);
-        i64 child = b.add(y, s.node, s.v);
-        if (pace.on) pace.drew(s.v, r);
+        i64 child = b.add(y, s.node, v);
+        if (pace.on) pace.drew(v, r);
         R.remove(y);
-        if (s.v * (1 - r) > 0 && !R.exhausted()) heap.push({s.v * (1 - r), tick++, s.node});
-        if (s.v * r > 0 && (max_depth < 0 || b.depths[child] < max_depth)) heap.push({s.v * r, tick++, child});
+        if (v * (1 - r) > 0 && !R.exhausted()) heap.push({key(v * (1 - r), R), tick++, s.node, v * (1 - r)});
+        if (v * r > 0 && (max_depth < 0 || b.depths[child] < max_depth)) heap.push({v * r, tick++, child, v * r});
     }
     return b.result();
 }

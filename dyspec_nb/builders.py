@@ -117,23 +117,25 @@ def dyspec(root_token, draft, budget, generator=None, *,
         return build_native('greedy', root_token, draft, budget, us, max_depth=max_depth, costs=costs)
     b = _Growing(root_token, draft, DETERMINISTIC if top else WITHOUT_REPLACEMENT)
     tick = itertools.count()
-    heap = [(-1.0, next(tick), 0)]                  # (-value, tie-break, node): "the next child of node"
+    heap = [(-1.0, next(tick), 0, 1.0)]             # (-key, tie-break, node, value v): "the next child of node"
     residual = {}                                   # node -> DraftResidual, created on its first expansion
+    key = lambda v, R: v * R.draw(-1.0)[1] if top else v   # top draws: the estimate v r of the token the slot would add, once its row is read
     while heap and b.n <= budget:
-        negv, _, u = heapq.heappop(heap)
-        v = -negv
+        _, _, u, v = heapq.heappop(heap)
         if u not in residual:
             if pace and b.n > 1 and not pace.pays(b.n - 1, v): break      # the draft call and the draw would not pay
             residual[u] = DraftResidual(b.expand([u])[0])
             if pace: pace.called([residual[u].expected_r(top)])
+            if top:                                 # its key was v, a bound: back in the heap under v r
+                heapq.heappush(heap, (-key(v, residual[u]), next(tick), u, v)); continue
         R = residual[u]
         if pace and not pace.pays(b.n - 1, v, R.expected_r(top)): break
         y, r = R.draw(float(us[b.n - 1]))           # b.n - 1 draws so far
         child = b.add(y, u, score=v)
         if pace: pace.drew(v, r)
         R.remove(y)
-        if v * (1 - r) > 0 and not R.exhausted: heapq.heappush(heap, (-v * (1 - r), next(tick), u))
-        if v * r > 0 and (max_depth is None or b.depths[child] < max_depth): heapq.heappush(heap, (-v * r, next(tick), child))
+        if v * (1 - r) > 0 and not R.exhausted: heapq.heappush(heap, (-key(v * (1 - r), R), next(tick), u, v * (1 - r)))
+        if v * r > 0 and (max_depth is None or b.depths[child] < max_depth): heapq.heappush(heap, (-v * r, next(tick), child, v * r))
     return b.result()
 
 # %% ../nbs/api/02_builders.ipynb #8857cde6
