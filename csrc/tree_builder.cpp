@@ -261,7 +261,7 @@ py::tuple dyspec_greedy(i64 root, py::function expand, i64 budget,
     Pace pace(verify, call, scale, budget);
     Builder b(root, std::move(expand), atol);
     // A slot is ordered by its key: its value v, or for a top draw from a read row, v r of the token it would add (as
-    // the Python reference: `R.draw(-1.0)`'s r, the top weight over the running total). `value` keeps v.
+    // the Python reference: expected_r(true), the r the next top draw returns). `value` keeps v.
     struct Keyed { double v; i64 tick; i64 node; double value; };          // v: the key, as SlotOrder reads it
     std::priority_queue<Keyed, std::vector<Keyed>, SlotOrder> heap;
     std::vector<std::unique_ptr<Residual>> residual(1);      // node -> residual, created on its first expansion

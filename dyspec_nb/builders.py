@@ -119,7 +119,7 @@ def dyspec(root_token, draft, budget, generator=None, *,
     tick = itertools.count()
     heap = [(-1.0, next(tick), 0, 1.0)]             # (-key, tie-break, node, value v): "the next child of node"
     residual = {}                                   # node -> DraftResidual, created on its first expansion
-    key = lambda v, R: v * R.draw(-1.0)[1] if top else v   # top draws: the estimate v r of the token the slot would add, once its row is read
+    key = lambda v, R: v * R.expected_r(True) if top else v   # top draws: the estimate v r of the token the slot would add, once its row is read
     while heap and b.n <= budget:
         _, _, u, v = heapq.heappop(heap)
         if u not in residual:

@@ -66,8 +66,8 @@ class DraftResidual:
         s = self.w.sum()
         return float((self.w * self.w).sum() / (s * s))
     def expected_r(self, top=False):
-        "The probability r of the next child's token before it is drawn: `collision()` for a random draw, the largest residual probability for a top draw."
-        return float(self.w.max() / self.w.sum()) if top else self.collision()
+        "The probability r of the next child's token before it is drawn: `collision()` for a random draw; for a top draw, the r that `draw(-1)` will return (the C++ builder's arithmetic, bit for bit)."
+        return self.draw(-1.0)[1] if top else self.collision()
 
 # %% ../nbs/api/01_tree.ipynb #40163c4b
 def check_distributions(rows, name='rows', n=None, V=None, atol=1e-3):
