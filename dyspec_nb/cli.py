@@ -220,7 +220,7 @@ def bench_run(args, argv=()):
 def train_draft_run(args, started=None):
     "`dyspec train-draft`: a head for `--target` by the hour's recipe or the shipped head's (`--recipe`, 07d_head_recipe), written to `--out` with its record; None if `--out` is in use. The hour's `--minutes` count from `started` (a `time.time()`, default now): imports and loading count too."
     import torch
-    from dyspec_nb.head_recipe import HeadRecipe, build_head, ShippedRecipe, build_shipped_head, MIN_MINUTES
+    from dyspec_nb.head_recipe import HeadRecipe, build_head, ShippedRecipe, build_shipped_head, MIN_MINUTES, machine_dtypes
     from dyspec_nb.models import load_local_target, placement
     if args.recipe == 'shipped':
         extra = [f'--{k.replace("_", "-")}' for k in ('minutes', 'conversations', 'steps', 'serve_vocab', 'dtype') if getattr(args, k) is not None]
@@ -230,8 +230,7 @@ def train_draft_run(args, started=None):
         if args.scale != 1.0: raise ValueError("--scale applies to --recipe shipped")
         if args.minutes is not None and args.minutes < MIN_MINUTES:
             raise ValueError(f"--minutes {args.minutes:g} cannot fit loading the target, reading conversations and training: give at least {MIN_MINUTES:g}")
-        r = HeadRecipe(seed=args.seed, **({'serve_vocab': args.serve_vocab} if args.serve_vocab else {}),   # checks it against the trained vocabulary
-                       **({'feature_dtype': args.dtype} if args.dtype else {}))
+        r = HeadRecipe(seed=args.seed, **({'serve_vocab': args.serve_vocab} if args.serve_vocab else {}))   # checks it against the trained vocabulary
         if args.conversations: r.n_chats, r.n_val = args.conversations, max(1, min(r.n_val, args.conversations // 8))
         if args.steps: r.train = dataclasses.replace(r.train, steps=args.steps, eval_every=max(1, min(r.train.eval_every, args.steps)))
     out = Path(args.out)
@@ -240,6 +239,8 @@ def train_draft_run(args, started=None):
     t0 = time.time() if started is None else started
     target, tok = load_local_target(args.target)
     target = target.to(dev)
+    if args.recipe == 'hour':                                                    # --dtype, else what is fast here (machine_dtypes)
+        r = machine_dtypes(r, dev.type) if args.dtype is None else dataclasses.replace(r, feature_dtype=args.dtype, train=dataclasses.replace(r.train, compute_dtype=args.dtype))
     command = 'dyspec ' + shlex.join(['train-draft', *getattr(args, 'argv', ())])
     if args.recipe == 'shipped':
         return build_shipped_head(target, tok, out, r, results=out / 'recipe.json', progress=not args.quiet, command=command)[1]
@@ -304,7 +305,7 @@ def parser(docs=False):
     t.add_argument('--recipe', choices=('hour', 'shipped'), default='hour',
                    help="hour: features and training within --minutes (default); shipped: the shipped head's recipe, fixed steps (needs a GPU at full scale)")
     t.add_argument('--scale', type=SCALE, default=1.0, help='with --recipe shipped: run it on this share of the text, steps and answers, in (0, 1] (default 1)')
-    placement_args(t, "the hour's recipe: what the target reads the conversations in (default: the recipe's, bfloat16); the shipped recipe's dtypes are fixed")
+    placement_args(t, "the hour's recipe: what the target reads the conversations in and the head trains in (default: bfloat16 where its products are faster than float32 here, else float32); the shipped recipe's dtypes are fixed")
     t.add_argument('--minutes', type=MINUTES, default=None, help="the hour's recipe: time limit of the whole run, loading, features and training (default 60)")
     t.add_argument('--conversations', type=COUNT, default=None, help="ShareGPT training conversations the target reads (default: the recipe's, 1000)")
     t.add_argument('--steps', type=COUNT, default=None, help="training steps (default: the recipe's)")

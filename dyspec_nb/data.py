@@ -5,7 +5,8 @@
 # %% auto #0
 __all__ = ['MTBENCH_FILE', 'SHAREGPT_FILE', 'ROLES', 'mtbench_file', 'sharegpt_file', 'mtbench_questions', 'mtbench_prompts',
            'decode_records', 'sharegpt_conversations', 'conversation_key', 'is_eval_record', 'sharegpt_split',
-           'to_messages', 'first_user_turn', 'sharegpt_prompts', 'sharegpt_chats']
+           'to_messages', 'first_user_turn', 'sharegpt_prompts', 'sharegpt_chat_records', 'chat_tokens',
+           'sharegpt_chats']
 
 # %% ../nbs/api/06_data.ipynb #0c8992f3
 import hashlib, json, random, re
@@ -126,22 +127,28 @@ def sharegpt_prompts(tokenizer, split='eval', n=None, max_tokens=None, seed=None
     return out
 
 # %% ../nbs/api/06_data.ipynb #623cba57
-def sharegpt_chats(tokenizer, split='train', n=None, max_tokens=512, seed=None, eval_fraction=0.05):
-    "List of LongTensor[1, L <= max_tokens]: whole `split` conversations (starting with a user turn), chat-formatted and cut."
+def sharegpt_chat_records(split='train', n=None, seed=None, eval_fraction=0.05):
+    "The `split` records that start with a user turn, shuffled by `seed` if given, the first `n` of them: what `sharegpt_chats` formats."
     if split not in ('train', 'eval'): raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
-    if max_tokens < 2: raise ValueError(f"max_tokens must be at least 2, got {max_tokens}")
     if n is not None and (not isinstance(n, int) or n < 0): raise ValueError(f"n must be a non-negative int or None, got {n!r}")
     recs = [r for r in sharegpt_split(eval_fraction)[split == 'eval'] if first_user_turn(r) is not None]
     if seed is not None: random.Random(seed).shuffle(recs)
     if n is not None:
         if n > len(recs): raise ValueError(f"asked for {n} conversations but the {split} split has only {len(recs)}")
         recs = recs[:n]
-    out = []
-    for r in recs:
-        msgs, chars = [], 0                        # a token has at most ~16 characters: text beyond 16 * max_tokens is never kept
-        for m in to_messages(r):
-            if chars > 16 * max_tokens: break
-            msgs.append(dict(m, content=m['content'][:16 * max_tokens])); chars += len(msgs[-1]['content'])
-        ids = tokenizer.apply_chat_template(msgs, return_tensors='pt', return_dict=True)['input_ids']
-        out.append(ids[:, :max_tokens])
-    return out
+    return recs
+
+def chat_tokens(tokenizer, record, max_tokens=512):
+    "LongTensor[1, L <= max_tokens]: every turn of `record` chat-formatted (no assistant header at the end) and cut."
+    if max_tokens < 2: raise ValueError(f"max_tokens must be at least 2, got {max_tokens}")
+    msgs, chars = [], 0                            # a token has at most ~16 characters: text beyond 16 * max_tokens is never kept
+    for m in to_messages(record):
+        if chars > 16 * max_tokens: break
+        msgs.append(dict(m, content=m['content'][:16 * max_tokens])); chars += len(msgs[-1]['content'])
+    return tokenizer.apply_chat_template(msgs, return_tensors='pt', return_dict=True)['input_ids'][:, :max_tokens]
+
+def sharegpt_chats(tokenizer, split='train', n=None, max_tokens=512, seed=None, eval_fraction=0.05):
+    "List of LongTensor[1, L <= max_tokens]: whole `split` conversations (starting with a user turn), chat-formatted and cut."
+    if max_tokens < 2: raise ValueError(f"max_tokens must be at least 2, got {max_tokens}")
+    return [chat_tokens(tokenizer, r, max_tokens) for r in sharegpt_chat_records(split, n, seed, eval_fraction)]
+
