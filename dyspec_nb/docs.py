@@ -366,7 +366,7 @@ const links = Array.from(document.querySelectorAll('a[href]')).map(a => a.href);
 const ids = Array.from(document.querySelectorAll('[id], a[name]')).map(e => e.id || e.getAttribute('name'));
 return {title: document.title, rendered, errors, sources, raw, imgs, links, ids};"""
 
-def _inspect(d, url, timeout=30):
+def _inspect(d, url, timeout=120):                 # a bound on waiting, not on speed: a loaded machine renders slowly, and a fast one never waits it out
     d.get(url)
     t0 = time.time()
     while d.execute_script('return document.readyState') != 'complete' and time.time() - t0 < timeout: time.sleep(0.1)
@@ -429,7 +429,7 @@ def check_site(site, artefacts='artefacts/docs', screenshots=('index', 'theory')
         if 'search.html' in pages:
             d.get(base + 'search.html?q=DySpec')
             t0 = time.time()
-            while time.time() - t0 < 20:
+            while time.time() - t0 < 60:
                 search_hits = d.execute_script("return document.querySelectorAll('#search-results li').length")
                 if search_hits: break
                 time.sleep(0.3)
