@@ -128,6 +128,11 @@ def bf16_linear(x,                 # FloatTensor or BFloat16Tensor[..., K] on th
 class BF16Linear(nn.Linear):
     "An `nn.Linear` whose products are `bf16_linear` with a bfloat16 copy of its weight (`weight_bf16`, made by `bf16_products`; not saved)."
     def forward(self, x): return bf16_linear(x, self.weight_bf16, self.bias)    # x: [..., K]
+    def _apply(self, fn, *args, **kwargs):
+        "Every conversion (`.to`, `.float`, `.bfloat16`, `.cuda`, ...) moves the weight; the copy is made again from it, always bfloat16."
+        super()._apply(fn, *args, **kwargs)
+        self.weight_bf16 = self.weight.detach().to(torch.bfloat16)
+        return self
 
 def bf16_products(model):
     "Give every plain float32 `nn.Linear` of `model` bfloat16 products (`BF16Linear`), in place; `model`."
