@@ -108,9 +108,12 @@ def _eos_ids(model, eos_token_id):
 
 AUTO_CAP = 64          # budget='auto': the default cap on draft tokens per step
 
-def _check_cap(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BUDGET:
-        raise ValueError(f"{name} must be an integer between 1 and {MAX_BUDGET} draft tokens, got {value!r}")
+def _check_cap(name, value, context=1 << 30):
+    "`value`, a budget or its cap: an integer from 1 to `MAX_BUDGET`, and to `context` - 2 (a tree, its root and one prompt token fill the context)."
+    hi = min(MAX_BUDGET, context - 2)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
+        why = f" (the models' context is {context} positions)" if hi < MAX_BUDGET else ''
+        raise ValueError(f"{name} must be an integer between 1 and {hi} draft tokens{why}, got {value!r}")
     return value
 
 class SpecDecoder:
@@ -130,20 +133,23 @@ class SpecDecoder:
         auto = isinstance(budget, str) and budget == 'auto'
         if method != 'autoregressive':
             if draft is None: raise ValueError(f"method {method!r} needs a draft model")
+            ctx = min(_context(target), _context(draft))
             if auto:
                 if method not in COST_AWARE:
                     raise ValueError(f"budget='auto' needs a cost-aware builder ({', '.join(COST_AWARE)}); give {method!r} an integer budget")
-                budget = _check_cap('max_budget', AUTO_CAP if max_budget is None else max_budget)
+                budget = _check_cap('max_budget', min(AUTO_CAP, ctx - 2) if max_budget is None else max_budget, ctx)
                 if costs is not None and not isinstance(costs, CostModel):
                     raise ValueError(f"costs must be a CostModel (dyspec_nb.cost), got {type(costs).__name__}")
                 if 'costs' in options: raise ValueError("with budget='auto' the decoder makes the builder's costs: pass a CostModel as costs=")
             else:
                 if isinstance(budget, str): raise ValueError(f"budget must be 'auto' or an integer number of draft tokens, got {budget!r}")
-                budget = _check_cap('budget', budget)
+                budget = _check_cap('budget', budget, ctx)
                 if max_budget is not None: raise ValueError(f"max_budget caps budget='auto'; a fixed budget ({budget}) is its own cap")
                 if costs is not None: raise ValueError("costs= is for budget='auto'; a fixed budget does not use the cost model")
             if is_head(draft):
                 check_head_target(draft.config, target)                     # ValueError naming the mismatch
+                if draft.dtype not in (torch.float32, torch.bfloat16):
+                    raise ValueError(f"the head is in {str(draft.dtype)[6:]}: a head runs in float32 or bfloat16 (head.float() or head.bfloat16())")
                 if draft.dtype != target.dtype: raise ValueError(f"the head is in {str(draft.dtype)[6:]} and its target in {str(target.dtype)[6:]}: "
                                                                  "put both in one dtype (load_pair(..., dtype=...) or head.to(target.dtype))")
             vt, vd = _vocab_size(target), _vocab_size(draft)
@@ -287,6 +293,9 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
     sampling_probs(torch.zeros(1, 2), **sampling)                             # validates the settings before any work
     try: sampling_probs(torch.zeros(1, 2), **draft_sampling)
     except ValueError as e: raise ValueError(f"draft_{e}") from None          # only its temperature differs from the target's
+    if top_k == 1:                    # sampling the most probable token is greedy decoding: decoded as greedy, draft rows untruncated
+        temperature, top_p, top_k = 0.0, 1.0, 0
+        sampling, draft_sampling = dict(sampling, temperature=0.0, top_p=1.0, top_k=0), dict(draft_sampling, top_p=1.0, top_k=0)
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
         raise ValueError(f"seed must be an integer in [0, 2**63 - 1], got {seed!r}")
     emit, end = _stream(streamer, seq)
