@@ -398,6 +398,7 @@ def sequoia(root_token, draft, budget, generator=None, *,
             R, u = DraftResidual(row), node_of[s]
             for pos, c in enumerate(kids[s]):
                 y = R.sample(generator)
+                if not row[y] > 0: break                # the row's support is used up: this slot and the rest stay empty
                 node_of[c] = b.add(y, u, score=b.scores[u] * p[pos])
                 R.remove(y)
                 if kids[c]: nxt.append(c)
