@@ -26,8 +26,11 @@ def forward_seconds(models,         # {name: model}, timed in turn, rep by rep
                     tree=False,     # False: the new tokens are a causal chain; True: a random tree of that many nodes
                     small_linear=True,   # few-row products on the C++ kernel, as the engine runs them
                     lean=True,           # the lean forward where the model has one (`new_cache`), as the engine runs it
-                    cache_for=None):     # model -> its empty cache (default `new_cache(model, lean)`; a `StaticCache` times fixed shapes)
-    "Median seconds of one cached forward of n new tokens after `prefix` cached ones: `{name: {n: seconds}}`."
+                    cache_for=None,      # model -> its empty cache (default `new_cache(model, lean)`; a `StaticCache` times fixed shapes)
+                    reduce=np.median,    # what of the `reps` times is kept: the median, or `min` (the fastest: what the machine can do)
+                    timer=time.perf_counter,   # the clock
+                    tick=None):          # called with n after each size's forwards, warm-up included (a progress bar)
+    "Seconds (`reduce`: the median) of one cached forward of n new tokens after `prefix` cached ones: `{name: {n: seconds}}`."
     g = torch.Generator().manual_seed(seed)
     V = min(m.config.vocab_size for m in models.values())
     caches = {name: cache_for(m) if cache_for else new_cache(m, lean) for name, m in models.items()}
@@ -47,12 +50,13 @@ def forward_seconds(models,         # {name: model}, timed in turn, rep by rep
             for name, m in models.items():
                 mask = additive_mask(allowed, m.dtype)
                 with use_small_linear(m, small_linear):
-                    t0 = time.perf_counter()
+                    t0 = timer()
                     forward(m, x, pos, mask, caches[name])
-                    dt = time.perf_counter() - t0
+                    dt = timer() - t0
                 crop_to(caches[name], prefix)                    # back to the prefix
                 if r >= warmup: times[(name, n)].append(dt)
-    return {name: {n: float(np.median(times[(name, n)])) for n in sizes} for name in models}
+            if tick: tick(n)
+    return {name: {n: float(reduce(times[(name, n)])) for n in sizes} for name in models}
 
 @torch.no_grad()
 def generate_seconds(model, prefix=128, new_tokens=16, reps=5, seed=0):
