@@ -8,7 +8,7 @@ __all__ = ['DATASETS', 'DYSPEC_FAMILY', 'QUICK', 'FULL', 'Method', 'parse_method
            'check_resumable', 'bench', 'bench_markdown', 'plot_bench', 'write_record', 'write_bench', 'bench_builders']
 
 # %% ../nbs/api/14_bench.ipynb #09558b37
-import copy, json, math, platform, time
+import copy, json, math, os, platform, time
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
@@ -337,12 +337,16 @@ def plot_bench(record, path=None, key='accepted_per_step'):
     if path is not None: fig.savefig(path, dpi=110); plt.close(fig)
     return fig
 
-def write_record(record, out, markdown):
-    "Write `record` to `out` (.json) and `markdown`, headed by the record's command, beside it (.md); returns `out` as a Path."
+def write_record(record, out, markdown, header=True):
+    """Write `record` to `out` (.json) and `markdown`, headed by the record's command (`header`), beside it (.md); returns
+    `out` as a Path. Each file is written to a temporary name and moved into place, so that an interrupted run leaves the
+    previous file or the new one, never half of one."""
     out = Path(out); out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1, default=str) + '\n')
-    md = (f"`{record['command']}`\n\n" if record.get('command') else '') + markdown
-    out.with_suffix('.md').write_text(md + '\n')
+    md = (f"`{record['command']}`\n\n" if header and record.get('command') else '') + markdown
+    for f, text in ((out, json.dumps(record, indent=1, default=str)), (out.with_suffix('.md'), md)):
+        tmp = f.with_name(f'.{f.name}.{os.getpid()}.tmp')
+        try: tmp.write_text(text + '\n'); os.replace(tmp, f)
+        finally: tmp.unlink(missing_ok=True)
     return out
 
 def write_bench(record, out):

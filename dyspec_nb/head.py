@@ -323,7 +323,9 @@ def head_metrics(head, data, unroll=3, batch_tokens=4096):
     return dict(agreement=[a / max(m, 1) for a, m in zip(agree, n)], kl=[x / max(m, 1) for x, m in zip(kl, n)], positions=int(n[0]))
 
 def train_head(head, data, cfg=HeadTrainConfig(), val=None, progress=True, log_every=10):
-    "Distil the target's top-k rows into `head` (on its device; `data` on the CPU) with `cfg.unroll` steps of training-time test; the loss and validation curves."
+    """Distil the target's top-k rows into `head` (on its device; `data` on the CPU) with `cfg.unroll` steps of
+    training-time test; the loss and validation curves. Ctrl-C stops the training after the steps it finished, with the
+    head as trained so far and `interrupted` in the curves; before the first step is done it interrupts."""
     torch.manual_seed(cfg.seed); g = torch.Generator().manual_seed(cfg.seed)
     rows = token_rows(head.vocab_ids.cpu(), head.config.vocab_size); K = head.config.draft_vocab_size; dev = head.fuse.weight.device
     batches = length_batches([len(s.ids) for s in data], cfg.batch_tokens)
@@ -334,27 +336,33 @@ def train_head(head, data, cfg=HeadTrainConfig(), val=None, progress=True, log_e
         m = head_metrics(head, val, cfg.unroll)
         hist['val_step'].append(s); hist['val_agreement'].append(m['agreement']); hist['val_kl'].append(m['kl'])
     if val: validate(0)
-    head.train(); t0 = time.time(); seen = 0; acc = accw = 0.0; order = []
+    head.train(); t0 = time.time(); seen = 0; acc = accw = 0.0; order = []; finished = 0
     bar = tqdm(range(cfg.steps), desc='training head', disable=not progress, mininterval=5)
-    for s in bar:
-        if not order: order = torch.randperm(len(batches), generator=g).tolist()
-        ids, feats, tid, tp, w = (x.to(dev) for x in collate_features(data, batches[order.pop()], rows, K))
-        for gr in opt.param_groups: gr['lr'] = warmup_cosine(cfg, s)
-        loss = 0.0
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.compute_dtype == 'bfloat16'):
-            outs = unrolled_logits(head, ids, feats, cfg.unroll)                   # [b, T, K] per unrolled step
-        for st, r in enumerate(outs):
-            ws = w.clone(); ws[:, :st] = 0
-            loss = loss + cfg.step_weights[st] * (distill_loss(r, tid, tp) * ws).sum() / ws.sum().clamp(min=1)
-        opt.zero_grad(set_to_none=True); loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, cfg.clip); opt.step()
-        seen += int(w.sum()); acc += loss.item(); accw += 1
-        done = cfg.minutes is not None and time.time() - t0 > 60 * cfg.minutes
-        if (s + 1) % log_every == 0 or s == cfg.steps - 1 or done:
-            hist['step'].append(s + 1); hist['loss'].append(acc / accw); hist['tokens'].append(seen); hist['time'].append(time.time() - t0)
-            bar.set_postfix(loss=f"{acc / accw:.3f}", tok_s=f"{seen / (time.time() - t0):.0f}"); acc = accw = 0.0
-        if val and ((s + 1) % cfg.eval_every == 0 or s == cfg.steps - 1 or done): validate(s + 1)
-        if done: break
+    try:
+        for s in bar:
+            if not order: order = torch.randperm(len(batches), generator=g).tolist()
+            ids, feats, tid, tp, w = (x.to(dev) for x in collate_features(data, batches[order.pop()], rows, K))
+            for gr in opt.param_groups: gr['lr'] = warmup_cosine(cfg, s)
+            loss = 0.0
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.compute_dtype == 'bfloat16'):
+                outs = unrolled_logits(head, ids, feats, cfg.unroll)                   # [b, T, K] per unrolled step
+            for st, r in enumerate(outs):
+                ws = w.clone(); ws[:, :st] = 0
+                loss = loss + cfg.step_weights[st] * (distill_loss(r, tid, tp) * ws).sum() / ws.sum().clamp(min=1)
+            opt.zero_grad(set_to_none=True); loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, cfg.clip); opt.step()
+            seen += int(w.sum()); acc += loss.item(); accw += 1; finished = s + 1
+            done = cfg.minutes is not None and time.time() - t0 > 60 * cfg.minutes
+            if (s + 1) % log_every == 0 or s == cfg.steps - 1 or done:
+                hist['step'].append(s + 1); hist['loss'].append(acc / accw); hist['tokens'].append(seen); hist['time'].append(time.time() - t0)
+                bar.set_postfix(loss=f"{acc / accw:.3f}", tok_s=f"{seen / (time.time() - t0):.0f}"); acc = accw = 0.0
+            if val and ((s + 1) % cfg.eval_every == 0 or s == cfg.steps - 1 or done): validate(s + 1)
+            if done: break
+    except KeyboardInterrupt:                                                       # Ctrl-C: keep the steps finished, if any
+        if not finished: raise
+        hist['interrupted'] = True
+        if hist['step'][-1:] != [finished]:                                         # the last finished step, logged
+            hist['step'].append(finished); hist['loss'].append(acc / accw); hist['tokens'].append(seen); hist['time'].append(time.time() - t0)
     bar.close(); head.eval()
     return hist
 

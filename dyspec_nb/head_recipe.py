@@ -121,7 +121,8 @@ def build_head(target=None, tokenizer=None, out=None, recipe=HeadRecipe(), minut
     """The whole recipe for a head of `target` (default: the embedded one): features, vocabulary, training, the served
     vocabulary, save to `out`; `(head, record)`. The run counts `minutes` from its call: a limit too short for the reserve
     (`reserve_seconds`) and `MIN_WORK` is refused at once; otherwise the reading stops in time (`recipe_data`), the training
-    takes what is left (one step at least), and the run ends within `OVERRUN` seconds of its limit."""
+    takes what is left (one step at least), and the run ends within `OVERRUN` seconds of its limit. Ctrl-C during the
+    training saves the head trained so far (`interrupted` in the record)."""
     t_all = time.time()
     if out is None: raise ValueError("build_head needs `out`, the folder to save the head to")
     if not minutes > 0: raise ValueError(f"minutes must be positive, got {minutes}")
@@ -146,7 +147,8 @@ def build_head(target=None, tokenizer=None, out=None, recipe=HeadRecipe(), minut
     rec = dict(recipe=json.loads(json.dumps(asdict(recipe))), config=cfg.to_dict(), tokens=sum(len(s.ids) for s in data),
                chats_read=len(data), val_chats_read=len(val), minutes=minutes,
                seconds=dict(**secs, train=t_train, total=time.time() - t_all), threads=torch.get_num_threads(), served_vocab=head.config.draft_vocab_size,
-               steps_done=hist['step'][-1], stopped_by_time=hist['step'][-1] < recipe.train.steps, history=hist,
+               steps_done=hist['step'][-1], stopped_by_time=hist['step'][-1] < recipe.train.steps and not hist.get('interrupted'),
+               interrupted=bool(hist.get('interrupted')), history=hist,
                size_mb=(out / 'model.safetensors').stat().st_size / 2**20,
                params=sum(p.numel() for n_, p in head.named_parameters() if not n_.startswith('lm.')))
     if results is not None: Path(results).write_text(json.dumps(rec, indent=1) + '\n')
