@@ -8,7 +8,7 @@ __all__ = ['DATASETS', 'DYSPEC_FAMILY', 'QUICK', 'FULL', 'Method', 'parse_method
            'check_resumable', 'bench', 'bench_markdown', 'plot_bench', 'write_record', 'write_bench', 'bench_builders']
 
 # %% ../nbs/api/14_bench.ipynb #09558b37
-import copy, json, math, os, platform, time
+import copy, json, math, platform, time
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
@@ -21,6 +21,7 @@ from .engine import SpecDecoder, GenerationStats, PHASES, teacher_forced_rows
 from .cost import interpolate
 from .verify import sampling_probs
 from .data import mtbench_prompts, sharegpt_prompts
+from .models import write_whole
 from .timing import forward_seconds, measure_costs
 
 # %% ../nbs/api/14_bench.ipynb #e8a79e66
@@ -339,14 +340,11 @@ def plot_bench(record, path=None, key='accepted_per_step'):
 
 def write_record(record, out, markdown, header=True):
     """Write `record` to `out` (.json) and `markdown`, headed by the record's command (`header`), beside it (.md); returns
-    `out` as a Path. Each file is written to a temporary name and moved into place, so that an interrupted run leaves the
-    previous file or the new one, never half of one."""
+    `out` as a Path. Each file is written whole (`write_whole`): an interrupted run leaves the previous file or the new one."""
     out = Path(out); out.parent.mkdir(parents=True, exist_ok=True)
     md = (f"`{record['command']}`\n\n" if header and record.get('command') else '') + markdown
-    for f, text in ((out, json.dumps(record, indent=1, default=str)), (out.with_suffix('.md'), md)):
-        tmp = f.with_name(f'.{f.name}.{os.getpid()}.tmp')
-        try: tmp.write_text(text + '\n'); os.replace(tmp, f)
-        finally: tmp.unlink(missing_ok=True)
+    write_whole(out, json.dumps(record, indent=1, default=str) + '\n')
+    write_whole(out.with_suffix('.md'), md + '\n')
     return out
 
 def write_bench(record, out):

@@ -9,7 +9,7 @@ __all__ = ['METHODS', 'DATASETS', 'DTYPES', 'MAX_CLI_BUDGET', 'COUNT', 'TEMPERAT
            'parser', 'main', 'cuda_notebooks', 'gpu_check']
 
 # %% ../nbs/api/09_cli.ipynb #3bcb6f1c
-import argparse, contextlib, dataclasses, json, math, os, re, shlex, subprocess, sys, time, warnings
+import argparse, contextlib, dataclasses, json, math, re, shlex, subprocess, sys, time, warnings
 from pathlib import Path
 
 # %% ../nbs/api/09_cli.ipynb #5ff7acf7
@@ -362,12 +362,6 @@ def _quiet(models=True):
             hf_logging.set_verbosity(level)
             if bars: hf_logging.enable_progress_bar()
 
-def _write_whole(path, text):
-    "Write `text` to `path` through a temporary file moved into place: the old file or the new one, never half of one."
-    tmp = Path(path).with_name(f'.{Path(path).name}.{os.getpid()}.tmp')
-    try: tmp.write_text(text); os.replace(tmp, path)
-    finally: tmp.unlink(missing_ok=True)
-
 def _check_out(p, flag, path, folder=False, example='record.json'):
     "Stop with one line (argparse's `p.error`) where `path` cannot take a command's output: a file, or with `folder` a new or empty folder."
     from dyspec_nb.models import unwritable
@@ -433,7 +427,8 @@ def _run(p, args, argv, started):
         try: text = render_readme(args.index)
         except (ValueError, UnicodeDecodeError, KeyError, TypeError) as e: p.error(f"--index {args.index} is not a notebook ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
         _check_out(p, '--out', args.out, example='README.md')
-        _write_whole(args.out, text)
+        from dyspec_nb.models import write_whole
+        write_whole(args.out, text)
         print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

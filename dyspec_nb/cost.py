@@ -8,7 +8,7 @@ __all__ = ['COST_SIZES', 'ROUND_WEIGHT', 'cpu_name', 'machine_fingerprint', 'mod
            'measure_cost_model', 'cost_model_path', 'costs_writable', 'cost_model', 'plot_cost_model']
 
 # %% ../nbs/api/06d_cost.ipynb #78173147
-import hashlib, json, math, os, platform, sys, tempfile, threading, time, warnings
+import hashlib, json, math, os, platform, sys, tempfile, time, warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field, asdict
 from datetime import datetime
@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from .builders import StepCosts
 from .forward import input_device
 from .timing import forward_seconds
-from .models import cache_dir, unwritable
+from .models import cache_dir, unwritable, write_whole
 from .small_linear import small_linear_path, BF16Linear
 try: import fcntl                        # POSIX: one process measures at a time; elsewhere each measures on its own
 except ImportError: fcntl = None
@@ -143,9 +143,13 @@ def step_limit(model, bandwidth, factor=10.0, slack=0.05):
 # %% ../nbs/api/06d_cost.ipynb #1c3c3b7b
 ROUND_WEIGHT = 10      # the progress bar counts a forward of n tokens as n + 10: a step's fixed cost is about ten tokens' on a CPU
 
-def _too_slow(best, limits, n1):
-    "`{name: (seconds, limit)}` of the models whose fastest one-token step is over its limit."
-    return {name: (best[(name, n1)], lim) for name, lim in limits.items() if best[(name, n1)] > lim}
+def _step_limits(target, draft, bandwidth, factor, slack):
+    "`{name: step_limit}` of both models."
+    return {name: step_limit(m, bandwidth, factor, slack) for name, m in (('target', target), ('draft', draft))}
+
+def _too_slow(times, limits):
+    "`{name: (seconds, limit)}` of the models whose one-token step (their smallest size in `times`, `{name: {n: seconds}}`) is over its limit."
+    return {name: (t[min(t)], limits[name]) for name, t in times.items() if t[min(t)] > limits[name]}
 
 def _slow_text(slow, bandwidth, factor):
     return '; '.join(f"the {name}'s one-token step took {1e3 * s:.0f} ms, over its limit of {1e3 * lim:.0f} ms" for name, (s, lim) in slow.items()) + \
@@ -166,8 +170,8 @@ def measure_cost_model(target, draft, small_linear=True, prefix=200, sizes=COST_
     t0, load0, started = time.perf_counter(), loadavg(), datetime.now().astimezone().isoformat(timespec='seconds')
     models = dict(target=target, draft=draft)
     bw = float(bandwidth or memory_bandwidth(input_device(target)))
-    limits = {name: step_limit(m, bw, factor, slack) for name, m in models.items()}
-    n1, best = min(sizes), {}
+    limits = _step_limits(target, draft, bw, factor, slack)
+    best = {name: {} for name in models}
     for k in range(1, tries + 1):
         first = warmup if k == 1 else 0
         with tqdm(total=(first + reps) * sum(n + ROUND_WEIGHT for n in sizes), disable=not progress, leave=False, file=sys.stderr,
@@ -175,14 +179,14 @@ def measure_cost_model(target, draft, small_linear=True, prefix=200, sizes=COST_
                   bar_format='{desc}: {percentage:3.0f}%|{bar:20}| {elapsed} elapsed, about {remaining} left') as bar:
             s = forward_seconds(models, sizes, prefix, reps=reps, warmup=first, seed=seed, tree=True, small_linear=small_linear, lean=lean,
                                 reduce=min, timer=timer, tick=lambda n: bar.update(n + ROUND_WEIGHT))
-        best = {(name, n): min(best.get((name, n), math.inf), s[name][n]) for name in models for n in sizes}   # the fastest of every try
-        slow = _too_slow(best, limits, n1)
+        best = {name: {n: min(best[name].get(n, math.inf), s[name][n]) for n in sizes} for name in models}   # the fastest of every try
+        slow = _too_slow(best, limits)
         if not slow: break
         if progress and k < tries:
             print(f"dyspec: {_slow_text(slow, bw, factor)}: the machine is busy (load {(loadavg() or ['?'])[0]}); measuring again, try {k + 1} of {tries}",
                   file=sys.stderr, flush=True)
     check = dict(bandwidth=bw, factor=factor, slack=slack, limits=limits, tries=k, ok=not slow)
-    cm = CostModel({n: best[('target', n)] for n in sizes}, {n: best[('draft', n)] for n in sizes},
+    cm = CostModel(best['target'], best['draft'],
                    cost_fingerprint(target, draft, small_linear, prefix, lean), time.perf_counter() - t0,
                    started, dict(before=load0, after=loadavg()), check)
     if slow: warnings.warn(f"the step costs were measured under load: {_slow_text(slow, bw, factor)} in all {tries} tries "
@@ -257,8 +261,7 @@ def _cached(path, fp, target, draft, warn=True, newer_than=None, factor=10.0, sl
             f"quieter now ({now[0]}); measuring again"); return None
     if not cm.check:                    # written before the check: is its one-token step believable on this machine?
         bw = memory_bandwidth(input_device(target))
-        slow = {name: (part[min(part)], lim) for name, part, m in (('target', cm.target, target), ('draft', cm.draft, draft))
-                if part[min(part)] > (lim := step_limit(m, bw, factor, slack))}
+        slow = _too_slow(dict(target=cm.target, draft=cm.draft), _step_limits(target, draft, bw, factor, slack))
         if slow:
             say(f"the cost model {path} was measured under load ({_slow_text(slow, bw, factor)}); measuring again"); return None
     return cm
@@ -290,12 +293,9 @@ def cost_model(target, draft,
                                 note='; used for this run only, not cached: the next run measures again', **measure)
         saved = False
         if writable and cm.ok:
-            tmp = path.with_name(f'{path.name}.{os.getpid()}.{threading.get_ident()}.tmp')
-            try:
-                tmp.write_text(cm.to_json()); tmp.replace(path); saved = True   # atomic: a reader never sees half a file
+            try: write_whole(path, cm.to_json()); saved = True           # a reader never sees half a file
             except OSError as e:
                 warnings.warn(f"cannot write the cost model {path} ({e.strerror or e}): kept in memory only", RuntimeWarning, stacklevel=2)
-                tmp.unlink(missing_ok=True)
         if progress:
             load = cm.load.get('before'), cm.load.get('after')
             print(f"dyspec: measured in {cm.seconds:.1f} s (load {load[0] and load[0][0]} -> {load[1] and load[1][0]}, "

@@ -293,9 +293,7 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
     sampling_probs(torch.zeros(1, 2), **sampling)                             # validates the settings before any work
     try: sampling_probs(torch.zeros(1, 2), **draft_sampling)
     except ValueError as e: raise ValueError(f"draft_{e}") from None
-    if top_k == 1:                    # sampling the most probable token is greedy decoding: decoded as greedy
-        temperature, top_p, top_k = 0.0, 1.0, 0
-        sampling = dict(sampling, temperature=0.0, top_p=1.0, top_k=0)
+    if top_k == 1: temperature, top_p, top_k = 0.0, 1.0, 0; sampling = dict(temperature=0.0)   # the most probable token: greedy decoding
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
         raise ValueError(f"seed must be an integer in [0, 2**63 - 1], got {seed!r}")
     emit, end = _stream(streamer, seq)

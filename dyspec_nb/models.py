@@ -4,11 +4,11 @@
 
 # %% auto #0
 __all__ = ['TARGET_GGUF', 'SHIPPED_DRAFTS', 'DEFAULT_DRAFT', 'SHIPPED_HEAD_PRODUCTS', 'DTYPES', 'cache_dir', 'unwritable',
-           'package_file', 'smollm2_gguf', 'load_target', 'chat_ids', 'placement', 'load_default_pair', 'load_local',
-           'load_local_target', 'load_pair', 'tiny_llama', 'hf_generate']
+           'write_whole', 'package_file', 'smollm2_gguf', 'load_target', 'chat_ids', 'placement', 'load_default_pair',
+           'load_local', 'load_local_target', 'load_pair', 'tiny_llama', 'hf_generate']
 
 # %% ../nbs/api/05_models.ipynb #d3553f6d
-import atexit, copy, re, warnings, time, importlib.util, os, shutil, tempfile
+import atexit, copy, re, threading, warnings, time, importlib.util, os, shutil, tempfile
 from functools import lru_cache
 from pathlib import Path
 import torch
@@ -35,6 +35,12 @@ def unwritable(folder):
     try:
         with tempfile.TemporaryFile(dir=p): return None
     except OSError as e: return f"{type(e).__name__}: {e.strerror or e}"
+
+def write_whole(path, text):
+    "Write `text` to the file `path` through a temporary file beside it, moved into place: a reader, or a run interrupted meanwhile, finds the old file or the new one, never half of one."
+    path = Path(path); tmp = path.with_name(f'.{path.name}.{os.getpid()}.{threading.get_ident()}.tmp')
+    try: tmp.write_text(text); os.replace(tmp, path)
+    finally: tmp.unlink(missing_ok=True)
 
 def package_file(package, relpath, pip_name):
     "Path of `relpath` inside the installed `package` (not imported); a clear error naming `pip_name` when it is missing."
