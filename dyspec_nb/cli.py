@@ -281,7 +281,7 @@ def parser(docs=False):
         gp.add_argument('--budget', type=budget, default=None,
                         help="draft tokens per step: 'auto' (the cost rule; default for dyspec, dyspec_threshold, dyspec_adaptive) or N (default 16 for the others)")
         gp.add_argument('--max-budget', type=COUNT, default=None, help="with --budget auto: at most this many draft tokens per step (default 64)")
-        gp.add_argument('--refresh-costs', action='store_true', help="measure this machine's cost model again (tens of seconds on a CPU, more on a busy one; progress on standard error) instead of reading the cached one")
+        gp.add_argument('--refresh-costs', action='store_true', help="measure this machine's cost model again (seconds on a quiet CPU, much longer on a busy one; progress on standard error) instead of reading the cached one")
         gp.add_argument('--temperature', type=TEMPERATURE, default=0.0, help='target temperature; 0 is greedy (default)')
         gp.add_argument('--top-p', type=TOP_P, default=1.0, help='nucleus sampling mass, in (0, 1]')
         gp.add_argument('--top-k', type=TOP_K, default=0, help='keep the k most likely tokens; 0 keeps all')

@@ -274,7 +274,7 @@ def cost_model(target, draft,
                prefix=200,
                progress=True,       # say on standard error what it does, with a progress bar, when it measures
                **measure):          # passed to `measure_cost_model` (reps, tries, timer, bandwidth, ...)
-    """The cached `CostModel` of this machine and model pair; measured (tens of seconds on a CPU, more under load)
+    """The cached `CostModel` of this machine and model pair; measured (seconds on a quiet CPU, much longer under load)
     when there is none, it is foreign, unreadable or (from before the check) too slow for the machine (with a warning
     naming the file), or `refresh`. One process measures at a time (a lock beside the file); one that waited reads what the
     other wrote (with `refresh`, if written since this call began). A result that fails the check is used, not cached; so is any where the folder takes no file (one warning)."""
