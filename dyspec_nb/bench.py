@@ -5,7 +5,8 @@
 # %% auto #0
 __all__ = ['DATASETS', 'DYSPEC_FAMILY', 'QUICK', 'FULL', 'Method', 'parse_method', 'relative_cost', 'calibrate_acceptance',
            'sequoia_depth', 'mean_se', 'paired_test', 'load_prompts', 'compare_cells', 'bench_settings',
-           'check_resumable', 'bench', 'bench_markdown', 'plot_bench', 'write_record', 'write_bench', 'bench_builders']
+           'check_resumable', 'bench', 'bench_markdown', 'plot_bench', 'write_record', 'write_bench', 'verdict',
+           'changed_verdicts', 'changed_markdown', 'bench_builders']
 
 # %% ../nbs/api/14_bench.ipynb #09558b37
 import copy, json, math, platform, time
@@ -14,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from .builders import BUILDERS, DEFAULT_ACCEPTANCE, sequoia_dp, COST_AWARE
+from .builders import BUILDERS, DEFAULT_ACCEPTANCE, DRAWS, TOP_DRAWS, sequoia_dp, COST_AWARE, draw_mode
 from .native import bank_draft
 from .verify import estimate_acceptance
 from .engine import SpecDecoder, GenerationStats, PHASES, teacher_forced_rows
@@ -55,11 +56,12 @@ def relative_cost(costs, n):
     return float(interpolate({int(k): v for k, v in costs['ratio'].items()}, n))      # keys are strings after JSON
 
 # %% ../nbs/api/14_bench.ipynb #de8b9fef
-def calibrate_acceptance(target, draft, prompts, temperature=0.0, draft_temperature=0.6, new_tokens=32, k=16, seed=0, draws=2):
+def calibrate_acceptance(target, draft, prompts, temperature=0.0, draft_temperature=0.6, new_tokens=32, k=16, seed=0, draws=2,
+                         top=False):   # the children are the draft's top tokens (Sequoia's greedy mode): calibrate that
     "Sequoia's acceptance vector (length `k`) for this pair and temperature, from target continuations of `prompts`."
     rows = [teacher_forced_rows(target, draft, pr, new_tokens, temperature, draft_temperature, seed + i) for i, pr in enumerate(prompts)]
     ps, qs = zip(*rows)                                              # [new, V] per prompt
-    return estimate_acceptance(torch.cat(qs), torch.cat(ps), k=k, generator=torch.Generator().manual_seed(seed), draws=draws)
+    return estimate_acceptance(torch.cat(qs), torch.cat(ps), k=k, generator=torch.Generator().manual_seed(seed), draws=draws, top=top)
 
 def sequoia_depth(acceptance, budget, costs, max_depth=None):
     "`(depth, predicted speedup)`: Sequoia's hardware-aware depth bound for a tree of `budget` draft tokens."
@@ -149,14 +151,15 @@ def compare_cells(res, reference=DYSPEC_FAMILY, keys=('accepted_per_step', 'spee
                   for r in reference if r in cells}
     return out
 
-_GRID = ('methods', 'budgets', 'max_new_tokens', 'draft_temperature', 'seed', 'calibration_prompts', 'calibration_tokens')
+_GRID = ('methods', 'budgets', 'max_new_tokens', 'draft_temperature', 'seed', 'calibration_prompts', 'calibration_tokens', 'draws')
 
 def bench_settings(methods, temperatures, budgets, datasets, max_new_tokens, draft_temperature, seed, calibration_prompts,
-                   calibration_tokens):
+                   calibration_tokens, draws=None):
     "The `settings` of a `bench` record (`datasets`: {name: prompts}), as `bench` writes them and `check_resumable` compares them."
     return dict(methods=[parse_method(m).label if isinstance(m, str) else m.label for m in methods], temperatures=[float(T) for T in temperatures],
                 budgets=list(budgets), datasets=dict(datasets), max_new_tokens=max_new_tokens, draft_temperature=draft_temperature,
-                seed=seed, calibration_prompts=calibration_prompts, calibration_tokens=calibration_tokens)
+                seed=seed, calibration_prompts=calibration_prompts, calibration_tokens=calibration_tokens,
+                draws=draws)
 
 def check_resumable(previous, settings):
     "A `ValueError` naming every setting in which `previous` (a `bench` record) ran another grid than `settings`."
@@ -175,6 +178,8 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
           calibration_tokens=32, costs=None, sequoia_max_depth=None, progress=True, command=None,
           reference=DYSPEC_FAMILY,                  # methods compared (paired, per budget) with every other method
           previous=None,                            # a record of an earlier, unfinished run of this grid: its parts are kept
+          redo=(),                                  # with `previous`: these methods run again in its finished parts (of `temperatures`)
+          draws=None,                               # 'top' or 'sample' for every builder that draws; None: top at T = 0, else sample
           checkpoint=None):                         # called with the record after each (dataset, temperature) part
     "Run the grid; a JSON-able record (settings, costs, calibration, and `results[dataset][T][budget][method]`)."
     ms = [parse_method(m) if isinstance(m, str) else m for m in methods]
@@ -188,9 +193,15 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     for T in list(temperatures) + [draft_temperature]: sampling_probs(torch.zeros(1, 2), T)     # validates
     spec = [m for m in ms if m.builder != 'autoregressive']
+    if draws is not None and draws not in DRAWS: raise ValueError(f"draws must be one of {DRAWS} or None, got {draws!r}")
+    if draft_temperature == 0: raise ValueError("draft_temperature=0: a draft at temperature 0 is top draws read at the default draft temperature (08_engine); run that as draws='top'")
+    redo = [parse_method(m).label for m in redo]
+    if redo and previous is None: raise ValueError("redo= runs methods again in the finished parts of a previous record: give previous=")
+    if any(m not in [s.label for s in spec] for m in redo):
+        raise ValueError(f"redo= names methods the grid does not run: {[m for m in redo if m not in [s.label for s in spec]]}")
     t_start = time.perf_counter()
     settings = bench_settings(ms, temperatures, budgets, {k: len(v) for k, v in prompts.items()}, max_new_tokens, draft_temperature,
-                              seed, len(calibration or []), calibration_tokens)
+                              seed, len(calibration or []), calibration_tokens, draws)
     machine = dict(platform=platform.platform(), threads=torch.get_num_threads(), torch=torch.__version__)
     if previous is not None:            # resume: keep the finished parts, their costs, calibration and Sequoia depths
         if costs is not None: raise ValueError("costs= with previous=: a resumed run keeps the step costs of its record")
@@ -201,42 +212,49 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
         runs = p.get('runs') or [dict(command=p.get('command'), seconds=p['seconds'], machine=p['machine'],
                                       parts=[[ds, Tk] for ds in p['results'] for Tk in p['results'][ds]])]
         record = dict(command=command, settings=settings, machine=machine, costs=p['costs'], calibration=p['calibration'],
-                      sequoia=p['sequoia'], results=p['results'], comparisons=p['comparisons'], runs=runs)
+                      calibration_draws=p.get('calibration_draws', {}), sequoia=p['sequoia'], results=p['results'],
+                      comparisons=p['comparisons'], runs=runs)
     else:
         costs = costs or measure_costs(target, draft, sizes=sorted({1, 2, 4, 8, 16} | {b + 1 for b in fixed}))
-        record = dict(command=command, settings=settings, machine=machine, costs=costs, calibration={}, sequoia={},
-                      results={}, comparisons={}, runs=[])
+        record = dict(command=command, settings=settings, machine=machine, costs=costs, calibration={}, calibration_draws={},
+                      sequoia={}, results={}, comparisons={}, runs=[])
     costs, parts = record['costs'], []
     record['runs'].append(dict(command=command, seconds=0.0, machine=machine, parts=parts))
+    if redo: record['runs'][-1].update(redo=redo, autoregressive={}, replaced={})   # its own baseline, and what it replaced
     def clock():                        # this run's seconds so far, and the record's over all its runs
         record['runs'][-1]['seconds'] = time.perf_counter() - t_start
         record['seconds'] = sum(r['seconds'] for r in record['runs'])
-    todo = [(T, ds) for T in temperatures for ds in prompts if not _done(record, ds, str(float(T)))]
-    n_cells = sum(len(prompts[ds]) for _, ds in todo) * (1 + sum(m.fits(b) for m in spec for b in budgets))
+    todo = [(T, ds) for T in temperatures for ds in prompts if redo or not _done(record, ds, str(float(T)))]
+    runs_in = lambda T, ds: [m for m in spec if not redo or not _done(record, ds, str(float(T))) or m.label in redo]   # the methods a part runs
+    n_cells = sum(len(prompts[ds]) * (1 + sum(m.fits(b) for m in runs_in(T, ds) for b in budgets)) for T, ds in todo)
     bar = tqdm(total=n_cells, desc='prompt x method', disable=not progress)
     for T in temperatures:
         Tk = str(float(T))
         if not any(T_ == T for T_, _ in todo): continue
-        acc = None
-        if any(m.builder == 'sequoia' for m in spec) and Tk in record['sequoia']:
+        acc, mode = None, draw_mode('sequoia', T, draws)
+        again = any(m.builder == 'sequoia' and m.label in redo for m in spec)      # redo Sequoia: calibrate it again, in its draw mode
+        if any(m.builder == 'sequoia' for m in spec) and Tk in record['sequoia'] and not again:
             acc = record['calibration'].get(Tk, DEFAULT_ACCEPTANCE)          # as the earlier run configured Sequoia
         elif any(m.builder == 'sequoia' for m in spec):
             if calibration:
                 bar.set_postfix_str(f'calibrating Sequoia at T={T:g}')
-                acc = calibrate_acceptance(target, draft, calibration, T, draft_temperature, calibration_tokens, seed=seed)
-                record['calibration'][Tk] = acc
+                acc = calibrate_acceptance(target, draft, calibration, T, draft_temperature, calibration_tokens, seed=seed, top=mode == 'top')
+                record['calibration'][Tk] = acc; record['calibration_draws'][Tk] = mode
             else: acc = DEFAULT_ACCEPTANCE
             record['sequoia'][Tk] = {}
             for b in fixed:
                 d, s = sequoia_depth(acc, b, costs, sequoia_max_depth)
                 record['sequoia'][Tk][str(b)] = dict(max_depth=d, predicted_speedup=s)
         for ds, prs in prompts.items():
-            if _done(record, ds, Tk): continue
+            if (T, ds) not in todo: continue
+            again = redo and _done(record, ds, Tk)                              # a finished part: only the methods to redo run
+            whole = again and all(m.label in redo for m in spec)               # every method again: the part is run anew
             decs = {'autoregressive': SpecDecoder(target, None, 'autoregressive')}
             for b in budgets:
-                for m in spec:
+                for m in runs_in(T, ds):
                     if not m.fits(b): continue
                     opts = dict(m.options)
+                    if draws is not None and m.builder in TOP_DRAWS: opts['draws'] = draws
                     if m.builder == 'sequoia': opts.update(acceptance=tuple(acc), max_depth=record['sequoia'][Tk][str(b)]['max_depth'])
                     decs[(b, m.label)] = SpecDecoder(target, draft, m.builder, b, **opts)
             gen = dict(temperature=T, draft_temperature=draft_temperature)
@@ -250,13 +268,22 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
                     toks[key].append(out.tokens.tolist())
                     bar.update()
             ar = _cell(stats['autoregressive'], toks['autoregressive'])
-            res = {'autoregressive': ar}
+            if again:                                   # the part keeps its autoregressive cell; the redone cells' speedups are over this run's
+                res, run = record['results'][ds][Tk], record['runs'][-1]
+                run['autoregressive'].setdefault(ds, {})[Tk] = {k: v for k, v in ar.items() if k != 'tokens'}
+                run['replaced'].setdefault(ds, {})[Tk] = dict(
+                    results={str(b): {m: {k: v for k, v in res[str(b)][m].items() if k != 'tokens'} for m in redo if m in res.get(str(b), {})} for b in budgets},
+                    comparisons=record['comparisons'][ds][Tk])
+                if whole: run['replaced'][ds][Tk]['autoregressive'] = {k: v for k, v in res['autoregressive'].items() if k != 'tokens'}
+            if not again or whole: res = {'autoregressive': ar}
             for b in budgets:
-                res[str(b)] = {}
+                if not again or whole: res[str(b)] = {}
                 for m in spec:
                     if (b, m.label) not in decs: continue
                     c = _cell(stats[(b, m.label)], toks[(b, m.label)], baseline=ar)
+                    c['draws'] = draw_mode(m.builder, T, dict(m.options).get('draws', draws if m.builder in TOP_DRAWS else None))
                     if T == 0: c['same_tokens_as_autoregressive'] = c['tokens'] == ar['tokens']
+                    if again and not whole: c['run'] = len(record['runs']) - 1
                     res[str(b)][m.label] = c
             record['results'].setdefault(ds, {})[Tk] = res
             record['comparisons'].setdefault(ds, {})[Tk] = compare_cells(res, reference)
@@ -294,22 +321,34 @@ def bench_markdown(record, datasets=None, temperatures=None, reference='dyspec')
             paired = any(reference in comp.get(b, {}) for b in budgets)
             cols = ['accepted/step', 'ms/token', 'speedup'] + ([f'{reference} / method (accepted/step)'] if paired else [])
             head = '| method | ' + ' | '.join(f'b={b}: {c}' for b in budgets for c in cols) + ' |'
-            rows = [f"**{ds}, target temperature {float(Tk):g}** (autoregressive: {1e3 * ar['seconds_per_token']:.1f} ms/token)\n",
+            dt = record.get('settings', {}).get('draft_temperature')
+            rows = [f"**{ds}, target temperature {float(Tk):g}** (" + (f"draft temperature {dt:g}; " if dt is not None else '')
+                    + f"autoregressive: {1e3 * ar['seconds_per_token']:.1f} ms/token)\n",
                     head, '|---|' + '---|' * (len(cols) * len(budgets))]
             labels = list(dict.fromkeys(m for b in budgets for m in res[b]))
+            later = {}                                                  # method -> the run that ran it again
             for m in labels:
+                mine = [res[b][m] for b in budgets if m in res[b]]
+                draws = {c['draws'] for c in mine if c.get('draws')}
+                runs = {c['run'] for c in mine if 'run' in c}
+                if runs: later[m] = max(runs)
                 cells = []
                 for b in budgets:
                     c = res[b].get(m)
                     if c is None: cells += ['-'] * len(cols); continue
                     cells += [_fmt(c, 'accepted_per_step'), f"{1e3 * c['seconds_per_token']:.1f}", _fmt(c, 'speedup', 'x')]
                     if paired: cells.append(_versus(comp.get(b, {}).get(reference, {}).get(m, {}).get('accepted_per_step')))
-                rows.append(f'| {m} | ' + ' | '.join(cells) + ' |')
+                name = m + (f" ({', '.join(sorted(draws))} draws)" if draws else '') + (' ‡' if m in later else '')
+                rows.append(f'| {name} | ' + ' | '.join(cells) + ' |')
             if paired:
                 n = next(iter(res[budgets[0]].values()))['over_prompts']['accepted_per_step']['n']
                 rows.append(f"\nMeans ± standard errors over {n} prompt{'s' if n != 1 else ''}. Last column: {reference}'s mean over the method's, "
                             "with the paired sign-flip test's p-value; n.s.: p >= 0.05, the two cannot be told apart here; "
                             "†: a 10% difference is not resolvable with these prompts.")
+            for k in sorted(set(later.values())):
+                r = record['runs'][k]
+                rows.append(f"\n‡ Run again by `{r['command']}` ({', '.join(m for m in later if later[m] == k)}): ms/token and speedup "
+                            "from that run, the speedup over its own autoregressive decoding of the same prompts.")
             parts.append('\n'.join(rows))
     return '\n\n'.join(parts)
 
@@ -353,6 +392,42 @@ def write_bench(record, out):
     plot_bench(record, out.with_suffix('.png'))
     plot_bench(record, out.with_name(out.stem + '_speedup.png'), key='speedup')
     return out
+
+# %% ../nbs/api/14_bench.ipynb #49f6fc01
+def verdict(test, alpha=0.05):
+    "'wins', 'loses' or 'tie' (p >= `alpha`) for the paired test of a reference method against a peer."
+    if test['pvalue'] >= alpha: return 'tie'
+    return 'wins' if test['diff'] > 0 else 'loses'
+
+def changed_verdicts(record, refs=DYSPEC_FAMILY, key='accepted_per_step', alpha=0.05):
+    """`(rows, n)`: the paired tests of `refs` against the other methods whose verdict redo runs changed, each test's first
+    version (before any redo) against the record's current one, as `dict(dataset, T, budget, ref, peer, before, now)`; `n`
+    tests were compared."""
+    first = {}                                  # (dataset, T, budget, ref, peer) -> the test before any redo
+    for run in record.get('runs', []):
+        for ds, byT in run.get('replaced', {}).items():
+            for Tk, old in byT.items():
+                for b, byref in old['comparisons'].items():
+                    for r in refs:
+                        for p, tests in byref.get(r, {}).items():
+                            if key in tests: first.setdefault((ds, Tk, b, r, p), tests[key])
+    rows, n = [], 0
+    for (ds, Tk, b, r, p), t0 in first.items():
+        t1 = record['comparisons'][ds][Tk].get(b, {}).get(r, {}).get(p, {}).get(key)
+        if t1 is None: continue
+        n += 1
+        if verdict(t0, alpha) != verdict(t1, alpha): rows.append(dict(dataset=ds, T=float(Tk), budget=b, ref=r, peer=p, before=t0, now=t1))
+    return rows, n
+
+def changed_markdown(rows, n, draft):
+    "The rows of `changed_verdicts` as a sentence and a Markdown table (the verdict with its ratio and p, before and now)."
+    if not n: return f"*No redo run in the {draft} draft's record.*"
+    txt = lambda t: f"{verdict(t)} ({t['ratio']:.2f}x, p={t['pvalue']:.3f})"
+    out = [f"With the {draft} draft, {len(rows)} of the {n} paired tests in the parts run again changed verdict" + (':' if rows else '.')]
+    if rows:
+        out += ['', '| dataset | T | budget | method | vs | before | now |', '|---|---|---|---|---|---|---|']
+        out += [f"| {r['dataset']} | {r['T']:g} | {r['budget']} | {r['ref']} | {r['peer']} | {txt(r['before'])} | {txt(r['now'])} |" for r in rows]
+    return '\n'.join(out)
 
 # %% ../nbs/api/14_bench.ipynb #5c09074b
 QUICK = dict(methods=list(BUILDERS), budgets=['auto', 16], temperatures=[0.0, 0.6], datasets=['mtbench'], prompts=1, max_new_tokens=16,

@@ -110,21 +110,25 @@ def expected_accepted(tree, q, p):
     return E[0]
 
 # %% ../nbs/api/03_verify.ipynb #0922e8de
-def estimate_acceptance(draft_rows, target_rows, k=16, generator=None, draws=4):
-    "Sequoia's acceptance vector: P(the j-th child drawn without replacement is accepted), averaged over calibration rows."
+def estimate_acceptance(draft_rows, target_rows, k=16, generator=None, draws=4,
+                        top=False):   # the children are the draft's k most probable tokens in order (Sequoia's greedy mode), not drawn
+    "Sequoia's acceptance vector: P(the j-th child drawn without replacement, or the j-th most probable with `top`, is accepted), averaged over calibration rows."
     q = check_distributions(draft_rows, 'draft_rows')
     p = check_distributions(target_rows, 'target_rows', n=len(q), V=q.shape[1])
     k = min(k, q.shape[1])
+    if top: draws = 1                                       # nothing is random: one pass is exact
     acc = torch.zeros(k, dtype=torch.float64)
     for qi, pi in zip(q, p):
         for _ in range(draws):
-            R = DraftResidual(qi)
-            kids = []
-            for _ in range(k):
-                y = R.sample(generator); kids.append(y); R.remove(y)
-            tree = TokenTree([0] + kids, [-1] + [0] * k)
+            if top: kids = qi.sort(descending=True, stable=True).indices[:k].tolist()   # ties to the smaller token id
+            else:
+                R, kids = DraftResidual(qi), []
+                for _ in range(k):
+                    y = R.sample(generator); kids.append(y); R.remove(y)
+            tree = TokenTree([0] + kids, [-1] + [0] * k, DETERMINISTIC if top else WITHOUT_REPLACEMENT)
             acc += child_acceptance(tree, 0, torch.stack([qi] + [qi] * k), torch.stack([pi] + [pi] * k))
     return (acc / (len(q) * draws)).tolist()
+
 
 # %% ../nbs/api/03_verify.ipynb #78b0b83e
 def greedy_path(tree, p):
