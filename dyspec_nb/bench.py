@@ -232,8 +232,8 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
         Tk = str(float(T))
         if not any(T_ == T for T_, _ in todo): continue
         acc, mode = None, draw_mode('sequoia', T, draws)
-        again = any(m.builder == 'sequoia' and m.label in redo for m in spec)      # redo Sequoia: calibrate it again, in its draw mode
-        if any(m.builder == 'sequoia' for m in spec) and Tk in record['sequoia'] and not again:
+        recalibrate = any(m.builder == 'sequoia' and m.label in redo for m in spec)   # redo Sequoia: calibrate it again, in its draw mode
+        if any(m.builder == 'sequoia' for m in spec) and Tk in record['sequoia'] and not recalibrate:
             acc = record['calibration'].get(Tk, DEFAULT_ACCEPTANCE)          # as the earlier run configured Sequoia
         elif any(m.builder == 'sequoia' for m in spec):
             if calibration:
@@ -250,11 +250,13 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
             again = redo and _done(record, ds, Tk)                              # a finished part: only the methods to redo run
             whole = again and all(m.label in redo for m in spec)               # every method again: the part is run anew
             decs = {'autoregressive': SpecDecoder(target, None, 'autoregressive')}
+            modes = {}                                                          # (budget, label) -> how the method picks its tokens
             for b in budgets:
                 for m in runs_in(T, ds):
                     if not m.fits(b): continue
                     opts = dict(m.options)
                     if draws is not None and m.builder in TOP_DRAWS: opts['draws'] = draws
+                    modes[(b, m.label)] = draw_mode(m.builder, T, opts.get('draws'))
                     if m.builder == 'sequoia': opts.update(acceptance=tuple(acc), max_depth=record['sequoia'][Tk][str(b)]['max_depth'])
                     decs[(b, m.label)] = SpecDecoder(target, draft, m.builder, b, **opts)
             gen = dict(temperature=T, draft_temperature=draft_temperature)
@@ -281,7 +283,7 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
                 for m in spec:
                     if (b, m.label) not in decs: continue
                     c = _cell(stats[(b, m.label)], toks[(b, m.label)], baseline=ar)
-                    c['draws'] = draw_mode(m.builder, T, dict(m.options).get('draws', draws if m.builder in TOP_DRAWS else None))
+                    c['draws'] = modes[(b, m.label)]
                     if T == 0: c['same_tokens_as_autoregressive'] = c['tokens'] == ar['tokens']
                     if again and not whole: c['run'] = len(record['runs']) - 1
                     res[str(b)][m.label] = c

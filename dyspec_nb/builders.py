@@ -402,8 +402,9 @@ def sequoia(root_token, draft, budget, generator=None, *,
         nxt = []
         for s, row in zip(layer, rows):
             R, u = DraftResidual(row), node_of[s]
-            best = row.sort(descending=True, stable=True).indices.tolist() if top else None   # [V]: ties to the smaller token id
+            best = [t for _, t in top_children(row[None], len(kids[s]))[0]] if top and kids[s] else []   # the row's top tokens, none of probability 0
             for pos, c in enumerate(kids[s]):
+                if top and pos == len(best): break
                 y = best[pos] if top else R.sample(generator)
                 if not row[y] > 0: break                # the row's support is used up: this slot and the rest stay empty
                 node_of[c] = b.add(y, u, score=b.scores[u] * p[pos])
@@ -429,7 +430,7 @@ def specinfer(root_token, draft, budget, generator=None, *,
         raise ValueError(f"k={k} sequences of depth={depth} tokens do not fit a budget of {budget}")
     b = _Growing(root_token, draft, DETERMINISTIC if top else WITH_REPLACEMENT)
     row = b.expand([0])[0]
-    if top: first = [y for y in row.sort(descending=True, stable=True).indices[:k].tolist() if row[y] > 0]   # distinct, ties to the smaller id
+    if top: first = [y for _, y in top_children(row[None], k)[0]]          # distinct, none of probability 0
     else: first = torch.multinomial(row, k, replacement=True, generator=generator).tolist()
     tips = [b.add(y, 0, score=float(row[y])) for y in first]
     for _ in range(depth - 1):
