@@ -4,11 +4,11 @@
 
 # %% auto #0
 __all__ = ['HEAD_TYPE', 'FEATURE_DTYPES', 'HEAD_PRODUCTS', 'default_layers', 'target_fingerprint', 'HeadConfig', 'head_config',
-           'check_head_target', 'rope', 'FeatureHead', 'is_head', 'rope_table', 'lean_head_layer', 'FeatureSeq',
-           'target_features', 'reading_copy', 'token_rows', 'collate_features', 'teacher_features', 'unroll_mask',
-           'unrolled_logits', 'HeadTrainConfig', 'head_metrics', 'train_head', 'tiny_samples', 'tiny_head', 'head_dir',
-           'save_head', 'is_head_folder', 'with_products', 'load_head', 'rebind_vocab', 'HeadCache', 'HeadSession',
-           'StaticHeadCache']
+           'check_head_target', 'rope', 'FeatureHead', 'is_head', 'rope_table', 'head_weights', 'lean_head_layer',
+           'FeatureSeq', 'target_features', 'reading_copy', 'token_rows', 'collate_features', 'teacher_features',
+           'unroll_mask', 'unrolled_logits', 'HeadTrainConfig', 'head_metrics', 'train_head', 'tiny_samples',
+           'tiny_head', 'head_dir', 'save_head', 'is_head_folder', 'with_products', 'load_head', 'rebind_vocab',
+           'HeadCache', 'HeadSession', 'StaticHeadCache']
 
 # %% ../nbs/api/07c_head.ipynb #13d5db53
 import copy, hashlib, json, math, time
@@ -26,7 +26,7 @@ from .training import topk_logprobs, length_batches, distill_loss, warmup_cosine
 from .verify import sampling_probs
 from .forward import DraftSession, forward, keep_positions, keep_in_place, input_device, stacked
 from .small_linear import bf16_products, linear_product
-from .static import BUCKETS, replay, fill_step, step_buffers, pick_bucket
+from .static import BUCKETS, graph_mode, run_bucket, host_copy, fill_step, step_buffers, pick_bucket
 
 # %% ../nbs/api/07c_head.ipynb #60244cd7
 HEAD_TYPE = 'dyspec_feature_head'
@@ -189,13 +189,22 @@ def rope_table(head, n, device='cpu'):
         head._rope = (torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1))
     return head._rope
 
+def head_weights(head):
+    "{name: (weight, bias)}: the stacked products `lean_head_layer` runs (`stacked`: q, k, v as one, gate and up as one), looked up now."
+    return {name: stacked(head, name, mods) for name, mods in (('inp', (head.inp,)), ('qkv', (head.q, head.k, head.v)), ('o', (head.o,)),
+                                                              ('gate_up', (head.gate, head.up)), ('down', (head.down,)))}
+
 @torch.no_grad()
-def lean_head_layer(head, ids, pos, mask, cache, feats, rope=None):
-    "`head.layer(head.inputs(ids, feats), pos, mask, cache.update)` with fewer operations: ids, pos [B, T], feats [B, T, H], mask as `layer` takes it; out [B, T, H]. `rope`: a `rope_table` long enough for every position (else looked up, which reads the largest position on the host)."
+def lean_head_layer(head, ids, pos, mask, cache, feats, rope=None, weights=None):
+    """`head.layer(head.inputs(ids, feats), pos, mask, cache.update)` with fewer operations: ids, pos [B, T], feats [B, T, H],
+    mask as `layer` takes it; out [B, T, H]. `rope`: a `rope_table` long enough for every position (else looked up, which
+    reads the largest position on the host); `weights`: `head_weights(head)` taken once (else looked up each call, which a
+    compiled or captured step cannot do)."""
     c = head.config; B, T = ids.shape; H, nh, kvh, d = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
     norm = lambda x, m: F.rms_norm(x, (H,), m.weight, m.variance_epsilon)
     lin = linear_product(head.q)[0]                                                               # the product the head's modules run now
-    prod = lambda x, name, mods: lin(x, *stacked(head, name, mods))                               # one product for `mods`, weights stacked
+    w = head_weights(head) if weights is None else weights
+    prod = lambda x, name, mods: lin(x, *w[name])                                                 # one product for `mods`, weights stacked
     x = prod(torch.cat([norm(head._embed(ids).to(feats.dtype), head.norm_e), norm(feats, head.norm_f)], -1), 'inp', (head.inp,))   # [B, T, H]
     qkv = prod(norm(x, head.attn_norm), 'qkv', (head.q, head.k, head.v))                          # [B, T, (nh + 2 kvh) d]
     cos, sin = (t[pos][:, None].to(x.dtype) for t in (rope or rope_table(head, int(pos.max()) + 1, pos.device)))   # [B, 1, T, d]
@@ -482,9 +491,10 @@ class HeadSession(DraftSession):
         par = tree.parents.tolist()
         f = torch.cat([text[:c]] + [text[c:] if u == 0 else self.out[par[u]][None] for u in new])      # [q, H]
         if isinstance(self.cache, StaticHeadCache):                                                    # fixed shapes (below)
-            logits, g = self.cache.call(ids.to(dev), pos.to(dev), mask.to(dev, head.dtype), f, c)     # [q - c, V], [q - c, H]
+            logits, g = self.cache.call(ids.to(dev), pos.to(dev), mask.to(dev, head.dtype), f, c)     # [q - c, V], [q - c, H]: the bucket's, overwritten by its next call
+            g = g.clone()                                                                              # one copy per call: the features later calls read
             for j, u in enumerate(new): self.out[u] = g[j]
-            return logits.float().cpu()
+            return host_copy(logits)
         out = head(input_ids=ids[None].to(dev), position_ids=pos[None].to(dev), attention_mask=mask.to(dev), past_key_values=self.cache,
                    features=f[None], logits_to_keep=torch.arange(c, len(ids), device=dev))
         for j, u in enumerate(new): self.out[u] = out.features[0, c + j]
@@ -504,7 +514,7 @@ def _head_call(head, cache, buf):
     return head.full_logits(head.reduced_logits(g)), g
 
 class StaticHeadCache(HeadCache):
-    "A `HeadCache` whose keys and values sit in tensors of fixed `capacity`, written by slot, so that the head's calls run padded to a bucket on buffers kept per bucket; with `graphs` (default: on CUDA) each bucket's call is a CUDA graph."
+    "A `HeadCache` whose keys and values sit in tensors of fixed `capacity`, written by slot, so that the head's calls run padded to a bucket on buffers kept per bucket; with `graphs` (default: on CUDA) each bucket's call is a CUDA graph, with 'emulate' an eager call returning its outputs as a graph does."
     def __init__(self, head, capacity, buckets=BUCKETS, graphs=None):
         super().__init__(head.config.hidden_size * len(head.config.layers))
         c, dev = head.config, input_device(head)
@@ -513,8 +523,7 @@ class StaticHeadCache(HeadCache):
         self.V = torch.zeros_like(self.K)
         self.rope = rope_table(head, capacity + max(buckets) + 1, dev)          # every position a call can reach
         self.buckets = tuple(sorted(set(buckets)))
-        self.graphs = dev.type == 'cuda' if graphs is None else graphs
-        if self.graphs and dev.type != 'cuda': raise ValueError(f"CUDA graphs need the head on a CUDA device, not {dev}")
+        self.graphs = graph_mode(graphs, dev, 'head')                           # True, False or 'emulate' (06e_static)
         self.static, self.eager, self.warned, self.slots = {}, 0, False, None   # as StaticCache's; the slots of the running call
 
     def reset(self):
@@ -540,16 +549,17 @@ class StaticHeadCache(HeadCache):
         return self.static[size]
 
     def call(self, ids, pos, mask, feats, c):
-        "One call of q rows after the n cached (ids, pos LongTensor[q]; mask [1, 1, q, n + q]; feats [q, H]): `(logits [q - c, V], output features [q - c, H])` of rows c.."
+        """One call of q rows after the n cached (ids, pos LongTensor[q]; mask [1, 1, q, n + q]; feats [q, H]): `(logits [q - c, V],
+        output features [q - c, H])` of rows c.., on a graph (or emulating one) views of the bucket's outputs, which its next call overwrites."""
         q, P = len(ids), self.n
         if P + q > self.K.shape[2]: raise ValueError(f"this StaticHeadCache holds {self.K.shape[2]} positions and {P + q} are needed: make it with a larger capacity")
         B = pick_bucket(self, q, self.K.shape[2], f"a head call of {q} rows")
-        if B is None: buf, graph = step_buffers(q, self.K.shape[2], self.dtype, self.device, feats=feats), False   # unpadded, eager
+        if B is None: buf, graphs = step_buffers(q, self.K.shape[2], self.dtype, self.device, feats=feats), False   # unpadded, eager
         else:
-            buf, graph = self.buffers(B), self.graphs
+            buf, graphs = self.buffers(B), self.graphs
             buf['feats'][:q] = feats; buf['feats'][q:] = feats[0]
         fill_step(buf, ids, pos, mask, P)
         run = lambda: _head_call(self.head, self, buf)
-        logits, g = replay(buf, run, self.device) if graph else run()
+        logits, g = run_bucket(graphs, buf, run, self.device)
         self.n = P + q
         return logits[c:q], g[c:q]
