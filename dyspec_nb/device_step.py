@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import torch
 from .tree import WITHOUT_REPLACEMENT, DETERMINISTIC, TokenTree
 from .verify import sampling_probs
-from .static import StaticCache, static_forward, graph_mode, emulate_replay
+from .static import StaticCache, static_forward, graph_mode, run_bucket
 from .head import StaticHeadCache, lean_head_layer, head_weights, is_head, check_head_target
-from .forward import prefill, input_device, lean_supported
+from .forward import prefill, input_device, lean_supported, additive_mask
 
 # %% ../nbs/api/07e_device_step.ipynb #8b135ce0
 def ancestors(parents):
@@ -196,10 +196,6 @@ def frontier_shape(method, budget, width=None, children=None, depth=None):
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= budget: raise ValueError(f"{name} must be an integer from 1 to the budget ({budget}), got {v!r}")
     return W, K, D
 
-def _additive(allowed, dtype):
-    "The additive mask [1, 1, q, C] in `dtype` of a BoolTensor[q, C]."
-    return torch.where(allowed, 0.0, torch.finfo(dtype).min).to(dtype)[None, None]
-
 class DeviceStep:
     """Speculative decoding of a Llama-architecture `target` with its feature `head`, the whole step in tensor code on
     the target's device: the head's calls, the tree (`frontier_tree`), the verification forward, the verifier and the
@@ -249,7 +245,7 @@ class DeviceStep:
     def _head(self, ids, pos, allowed, feats, slots=None):
         "The head on q rows (ids, pos LongTensor[q], feats [q, H]) written at `slots` (default: their positions), seeing `allowed` BoolTensor[q, C]: its output features [q, H]."
         self.hcache.slots = pos if slots is None else slots
-        return lean_head_layer(self.head, ids[None], pos[None], _additive(allowed, self.head.dtype), self.hcache, feats[None], rope=self.hcache.rope,
+        return lean_head_layer(self.head, ids[None], pos[None], additive_mask(allowed, self.head.dtype), self.hcache, feats[None], rope=self.hcache.rope,
                                weights=self.weights)[0]
 
     def _rows(self, g, temperature):
@@ -276,24 +272,10 @@ class DeviceStep:
             for name, x in (('noise', noise), ('u', u)):
                 if x is not None: buf[name].copy_(x)
         run = lambda: self.run(buf['noise'], buf['u'], temperature, top_p, top_k, draft_temperature)
-        return emulate_replay(buf, run) if self.graphs == 'emulate' else self._replay(buf, run)
-
-    def _replay(self, buf, run):
-        "`run()` as a CUDA graph: warmed up twice on a side stream (the state restored after each), captured, then replayed."
-        if buf['graph'] is None:
-            state = (self.r, self.k, self.emitted, self.tfeat)
-            saved = [t.clone() for t in state]
-            s = torch.cuda.Stream(self.device); s.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(s):
-                for _ in range(2):
-                    run()
-                    for t, v in zip(state, saved): t.copy_(v)
-            torch.cuda.current_stream(self.device).wait_stream(s)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g): buf['out'] = run()                             # recorded, not run: the state is as before
-            buf['graph'] = g
-        buf['graph'].replay()
-        return buf['out']
+        state = (self.r, self.k, self.emitted, self.tfeat)                           # what a step changes in place: warm-up runs undo it
+        saved = [t.clone() for t in state] if buf['graph'] is None and self.graphs is True else None
+        reset = lambda: [t.copy_(v) for t, v in zip(state, saved)]
+        return run_bucket(self.graphs, buf, run, self.device, reset)             # a capture records the step without running it
 
     def run(self, noise, u, temperature=0.0, top_p=1.0, top_k=0, draft_temperature=0.6):
         "`step` on the given random numbers (`randomness`): tensor code only, what a CUDA graph captures or `torch.compile` compiles."
@@ -318,7 +300,7 @@ class DeviceStep:
         anc = ancestors(tree.parents); depth = anc.sum(1) - 1                       # [N, N], [N]
         slots, tcols = r + torch.arange(N, device=dev), torch.arange(self.tcache.k.shape[2], device=dev)
         allowed = (tcols < r)[None].expand(N, len(tcols)).clone(); allowed[:, slots] = anc
-        buf = dict(ids=tree.tokens, pos=r + depth, slots=slots, mask=_additive(allowed, self.target.dtype))
+        buf = dict(ids=tree.tokens, pos=r + depth, slots=slots, mask=additive_mask(allowed, self.target.dtype))
         logits, states = static_forward(self.target, self.tcache, buf)               # [N, V], [N, 3H]
         if temperature == 0: path, toks, n = greedy_verify(tree, logits, D)
         else: path, toks, n = sample_verify(tree, sampling_probs(logits.float(), temperature, top_p, top_k), u, K, D)

@@ -110,6 +110,16 @@ def _eos_ids(model, eos_token_id):
 
 AUTO_CAP = 64          # budget='auto': the default cap on draft tokens per step
 
+def _until_eos(out, eos, max_tokens=None):
+    "The tokens a step emits of `out` (a list): through its first token in `eos`, and at most `max_tokens`."
+    for i, tok in enumerate(out):
+        if tok in eos: out = out[:i + 1]; break
+    return out if max_tokens is None else out[:max_tokens]
+
+def _capacity(room):
+    "The positions of a cache kept from call to call: the next power of two >= `room`, at least 256."
+    return max(256, 1 << (room - 1).bit_length())
+
 DEVICE_OPTIONS = ('draws', 'width', 'children', 'depth', 'threshold', 'topk')   # what step='device' takes of a builder's options
 
 def _check_step(step, target, draft, method, budget, auto, static, attention, options):
@@ -214,7 +224,7 @@ def _static_caches(self: SpecDecoder, room):
     head = is_head(self.draft)
     t, d = getattr(self, '_static', (None, None))
     if t is None or t.k.shape[2] < room:
-        cap = max(256, 1 << (room - 1).bit_length())
+        cap = _capacity(room)
         t = StaticCache(self.target, cap, hidden=self.draft.config.layers if head else None)
         d = StaticHeadCache(self.draft, cap) if head else StaticCache(self.draft, cap) if self.draft is not None and lean_supported(self.draft) else None
         self._static = (t, d)
@@ -263,9 +273,7 @@ def decode_step(target, draft, seq, tcache, dcache, build, budget, generator, *,
             y = int(q[0].argmax()); root_accept, root_estimate = float(p[0, y]), float(q[0, y])
         else: root_accept, root_estimate = float(torch.minimum(p[0], q[0]).sum()), float((q[0] * q[0]).sum())
     t_verify = time.perf_counter()
-    for i, tok in enumerate(out):
-        if tok in eos: out = out[:i + 1]; break
-    if max_tokens is not None: out = out[:max_tokens]
+    out = _until_eos(out, eos, max_tokens)
     keep_positions(tcache, torch.cat([torch.arange(L - 1), L - 1 + torch.tensor([0] + nodes, dtype=torch.long)]))
     if head: dcache.add_features(feats[torch.tensor([0] + nodes, dtype=torch.long)], L - 1)   # positions L-1.. of the kept path
     if session is not None: session.keep_path(nodes if order is None else order[nodes].tolist())   # the draft's numbering
@@ -384,7 +392,7 @@ def _device_step(self: SpecDecoder, room):
     if ds is None or ds.capacity < room:
         W, K, D = _device_shape(self.method, self.budget, self.options)
         ds = self._device = DeviceStep(self.target, self.draft, self.method, self.budget, W, K, D, self.options.get('threshold'),
-                                       capacity=max(256, 1 << (room - 1).bit_length()))
+                                       capacity=_capacity(room))
     return ds
 
 SpecDecoder.device_step = _device_step
@@ -409,10 +417,7 @@ def _device_generate(self: SpecDecoder, seq, max_new_tokens, sampling, draft_tem
         while len(new) < max_new_tokens:
             t0 = time.perf_counter()
             k, n, depth, *toks = ds.step(draws=draws, draft_temperature=draft_temperature, generator=g, **sampling).tolist()   # the step's one read
-            out = toks[:k]
-            for i, tok in enumerate(out):
-                if tok in eos: out = out[:i + 1]; break
-            out = out[:max_new_tokens - len(new)]
+            out = _until_eos(toks[:k], eos, max_new_tokens - len(new))
             new += out
             stats.records.append(StepRecord(tree_size=n, depth=depth, accepted=min(k - 1, len(out)), emitted=len(out),
                                             device=time.perf_counter() - t0, draft_calls=ds.D))

@@ -29,7 +29,7 @@ def layer_states(hidden_states, layers):
 # %% ../nbs/api/06b_forward.ipynb #f3e21be5
 def additive_mask(allowed, dtype):
     "Float mask [1, 1, q, k] from a Bool[q, k] (True = attend): 0 where allowed, the dtype's minimum elsewhere."
-    m = torch.zeros(allowed.shape, dtype=dtype)
+    m = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
     m.masked_fill_(~allowed, torch.finfo(dtype).min)
     return m[None, None]
 

@@ -18,12 +18,14 @@ def bucket_for(n, buckets=BUCKETS):
     "The smallest of `buckets` that holds `n` nodes, or None when none does."
     return next((b for b in sorted(buckets) if b >= n), None)
 
-def replay(buf, run, device):
-    "`run()`'s outputs from a CUDA graph kept in `buf['graph']`: captured on first use, after two warm-up runs on a side stream (kernels chosen, workspaces allocated), then replayed; the captured outputs in `buf['out']`."
+def replay(buf, run, device, reset=None):
+    "`run()`'s outputs from a CUDA graph kept in `buf['graph']`: captured on first use, after two warm-up runs on a side stream (kernels chosen, workspaces allocated; `reset()` after each undoes what a run changes in place), then replayed; the captured outputs in `buf['out']`."
     if buf.get('graph') is None:
         s = torch.cuda.Stream(device); s.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(s):
-            for _ in range(2): run()
+            for _ in range(2):
+                run()
+                if reset: reset()
         torch.cuda.current_stream(device).wait_stream(s)
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g): buf['out'] = run()
@@ -51,10 +53,10 @@ def graph_mode(graphs, device, what='model'):
     if graphs is True and device.type != 'cuda': raise ValueError(f"CUDA graphs need the {what} on a CUDA device, not {device}")
     return graphs
 
-def run_bucket(graphs, buf, run, device):
-    "A bucket's `run()` in the mode `graphs` (of `graph_mode`): its CUDA graph replayed (True), emulated ('emulate': `emulate_replay`) or run eagerly (False)."
+def run_bucket(graphs, buf, run, device, reset=None):
+    "A bucket's `run()` in the mode `graphs` (of `graph_mode`): its CUDA graph replayed (True; `reset` as `replay`'s), emulated ('emulate': `emulate_replay`) or run eagerly (False)."
     if graphs == 'emulate': return emulate_replay(buf, run)
-    return replay(buf, run, device) if graphs else run()
+    return replay(buf, run, device, reset) if graphs else run()
 
 def host_copy(x):
     "`x` in float32 on the CPU, never a view of `x` (one `to`): rows a caller may keep after the bucket's next call overwrites `x`."
