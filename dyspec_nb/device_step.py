@@ -65,7 +65,7 @@ def frontier_tree(root_token, expand, N, W, K, D, *,
     tok, par, dep, layer, rowof = z(), z() - 1, z(), z(), z() - 1
     val, key, exists, opened = z(torch.float32), torch.full((M + 1,), -math.inf, device=dev), z(torch.bool), z(torch.bool)
     anc = torch.zeros(M + 1, M + 1, dtype=torch.bool, device=dev)                    # [M + 1, M + 1]: each candidate's ancestors and itself
-    tok[0], val[0], exists[0], anc[0, 0] = root_token, 1.0, True, True
+    tok[0] = root_token; val[0].fill_(1.0); exists[0].fill_(True); anc[0, 0].fill_(True)   # fill_: a Python number copied in is a host copy, refused in a CUDA graph
     rows_all = None                                                                  # [1 + (D - 1) W, V]: the rows of every call
     for t in range(D):
         if t == 0: slots, live = torch.zeros(1, dtype=torch.long, device=dev), torch.ones(1, dtype=torch.bool, device=dev)
@@ -94,13 +94,13 @@ def frontier_tree(root_token, expand, N, W, K, D, *,
         c0 = 1 if t == 0 else 1 + K + (t - 1) * W * K
         idx = torch.arange(c0, c0 + w * K, device=dev)                               # [w K]: the new candidates
         pi = slots[:, None].expand(w, K).reshape(-1)                                 # [w K]: each new candidate's parent
-        tok[idx], par[idx], dep[idx], layer[idx] = y.flatten(), pi, dep[pi] + 1, t + 1
+        tok[idx], par[idx], dep[idx] = y.flatten(), pi, dep[pi] + 1; layer.index_fill_(0, idx, t + 1)
         val[idx], key[idx], exists[idx] = v.flatten(), k.flatten(), ok.flatten()
-        anc[idx] = anc[pi]; anc[idx, idx] = True
-    fkey = torch.where(exists, key, -math.inf); fkey[0] = -math.inf                  # the root is always in
+        anc[idx] = anc[pi]; anc[idx, idx] = torch.ones_like(idx, dtype=torch.bool)
+    fkey = torch.where(exists, key, -math.inf); fkey[0].fill_(-math.inf)                 # the root is always in
     take = rank_order(fkey, dep)[:N - 1]                                             # [N - 1]
     chosen = torch.zeros(M + 1, dtype=torch.bool, device=dev)
-    chosen[take] = exists[take]; chosen[0] = True
+    chosen[take] = exists[take]; chosen[0].fill_(True)
     new = chosen.long().cumsum(0) - 1                                                # [M]: each chosen candidate's tree index
     src = torch.sort((~chosen).to(torch.int8), stable=True).indices[:N]              # [N]: the chosen in pool order, then others
     valid = chosen[src]
@@ -153,7 +153,7 @@ def sample_verify(tree, p, u, K, D):
     mode, vocab = tree.mode, torch.arange(V, device=dev)
     node = torch.zeros(1, dtype=torch.long, device=dev)                              # [1]: one-element tensors, never read back
     done = torch.zeros(1, dtype=torch.bool, device=dev)
-    path = torch.full((D + 1,), -1, dtype=torch.long, device=dev); path[0] = 0
+    path = torch.full((D + 1,), -1, dtype=torch.long, device=dev); path[0].fill_(0)
     R, Q = _norm(p[0].double()), tree.q[0].double()                                  # [V] each
     for d in range(D):
         R = torch.where(done, R, _norm(p[node][0].double())); Q = torch.where(done, Q, tree.q[node][0].double())
