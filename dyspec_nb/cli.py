@@ -289,6 +289,8 @@ def parser(docs=False):
         gp.add_argument('--budget', type=budget, default=None,
                         help="draft tokens per step: 'auto' (the cost rule; default for dyspec, dyspec_threshold, dyspec_adaptive) or N (default 16 for the others)")
         gp.add_argument('--max-budget', type=COUNT, default=None, help="with --budget auto: at most this many draft tokens per step (default 64)")
+        gp.add_argument('--step', choices=('auto', 'host', 'device'), default='auto',
+                        help="where a step runs: 'device' (the whole step on the target's device, one CUDA graph a step), 'host', or 'auto' (default: the device step on CUDA where the setting allows it)")
         gp.add_argument('--refresh-costs', action='store_true', help="measure this machine's cost model again (seconds on a quiet CPU, much longer on a busy one; progress on standard error) instead of reading the cached one")
         gp.add_argument('--temperature', type=TEMPERATURE, default=0.0, help='target temperature; 0 is greedy (default)')
         gp.add_argument('--top-p', type=TOP_P, default=1.0, help='nucleus sampling mass, in (0, 1]')
@@ -404,7 +406,7 @@ def _run(p, args, argv, started):
             target, draft, tok = load_pair(args.target, args.draft, args.device, args.dtype)   # a device this machine lacks: before loading
             budget_ = args.budget or ('auto' if args.method in COST_AWARE else 16)
             costs = cost_model(target, draft, refresh=True) if args.refresh_costs and budget_ == 'auto' and draft is not None else None
-            dec = SpecDecoder(target, draft, args.method, budget_, max_budget=args.max_budget, costs=costs, **({'draws': args.draws} if args.draws else {}))
+            dec = SpecDecoder(target, draft, args.method, budget_, max_budget=args.max_budget, costs=costs, step=args.step, **({'draws': args.draws} if args.draws else {}))
         except (ValueError, FileNotFoundError) as e: p.error(str(e))
         opts = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                     draft_temperature=args.draft_temperature, seed=args.seed, baseline=args.baseline, control_tokens=args.control_tokens)
