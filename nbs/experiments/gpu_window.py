@@ -1,0 +1,231 @@
+# The device step on a GPU in one window (issue 51): `results/device_step_gpu.json`. Not part of the package; 22_gpu
+# renders its record. On a CUDA machine, from the project root, with the embedded pair's packages importable (22_gpu says
+# how they travel to a machine that reaches nothing, and `dyspec_nb._native` built there):
+#     python nbs/experiments/gpu_window.py            # BUDGET_S=400 bounds it; OUT=dir writes the record there instead
+# Each section is timed, runs only if the time left allows, and rewrites the record as it ends, so a run cut short keeps
+# what it measured. DRY=1 runs it in miniature (12 tokens, one prompt) on the CPU, to check it before a window opens.
+import os, sys, time, json, traceback, copy, warnings, tempfile
+from pathlib import Path
+ROOT = Path(__file__).resolve().parents[2]; sys.path.insert(0, str(ROOT))   # the project root: dyspec_nb
+T0 = time.time()
+OUT = Path(os.environ.get('OUT') or (tempfile.gettempdir() if os.environ.get('DRY') == '1' else ROOT / 'results')); OUT.mkdir(parents=True, exist_ok=True)
+BUDGET, DRY = float(os.environ.get('BUDGET_S', 480)), os.environ.get('DRY') == '1'
+import numpy as np, torch
+CUDA = torch.cuda.is_available()
+DEV = 'cuda' if CUDA else 'cpu'
+NEW, NP = (12, 1) if DRY else (128, 2)
+rec = dict(command='python nbs/experiments/gpu_window.py', date=time.strftime('%Y-%m-%d'), started=time.strftime('%Y-%m-%d %H:%M:%S'), dry=DRY, new_tokens=NEW, sections={})
+S = {}                                                      # shared state between sections
+
+def save(): (OUT / ('gpu_window_dry.json' if DRY else 'device_step_gpu.json')).write_text(json.dumps(rec, indent=1, default=str))
+def left(): return BUDGET - (time.time() - T0)
+def section(name, need):
+    "Run f now, if `need` seconds are left: its result, or its traceback, into the record."
+    def deco(f):
+        if left() < need:
+            rec['sections'][name] = dict(skipped=f'{left():.0f} s left, needs {need}'); save(); print('SKIP', name, flush=True); return f
+        t = time.time(); print(f'== {name} ({left():.0f} s left)', flush=True)
+        try: rec['sections'][name] = dict(ok=True, result=f())
+        except Exception: rec['sections'][name] = dict(ok=False, error=traceback.format_exc()); traceback.print_exc()
+        rec['sections'][name]['seconds'] = round(time.time() - t, 1); save(); print(f'   {name}: {time.time() - t:.0f} s', flush=True)
+        return f
+    return deco
+
+def sync():
+    if CUDA: torch.cuda.synchronize()
+
+def synced(f):
+    sync(); t = time.perf_counter(); r = f(); sync(); return r, time.perf_counter() - t
+
+def count_syncs(f):
+    "`(f(), the synchronising CUDA calls it made)` by torch.cuda.set_sync_debug_mode('warn')."
+    if not CUDA: return f(), None
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter('always')
+        torch.cuda.set_sync_debug_mode('warn')
+        try: r = f()
+        finally: torch.cuda.set_sync_debug_mode(0)
+    return r, sum('synchroniz' in str(x.message) for x in w)
+
+@section('env', 0)
+def _():
+    import transformers, platform
+    from dyspec_nb.native import native_available
+    from dyspec_nb.small_linear import small_linear_available
+    return dict(torch=torch.__version__, transformers=transformers.__version__, python=platform.python_version(),
+                device=torch.cuda.get_device_name() if CUDA else platform.processor(), native=native_available(), small_linear=small_linear_available())
+
+from dyspec_nb.models import load_default_pair, hf_generate
+from dyspec_nb.data import mtbench_prompts
+from dyspec_nb.engine import SpecDecoder
+from dyspec_nb.device_step import DeviceStep
+from dyspec_nb.builders import draw_mode
+
+def load(dt):
+    t = time.time()
+    target, head, tok = load_default_pair('head', device=DEV, dtype=dt)
+    token = load_default_pair('token', device=DEV, dtype=dt)[1]
+    S[dt] = dict(target=target, head=head, token=token, prompts=mtbench_prompts(tok, NP))
+    return dict(seconds=time.time() - t, prompt_lengths=[int(p.shape[1]) for p in S[dt]['prompts']])
+
+@section('load float32', 60)
+def _(): return load('float32')
+
+def device_decode(ds, prompt, n, **kw):
+    ds.start(prompt); out = []
+    while len(out) < n:
+        o = ds.step(**kw).tolist(); out += o[3:3 + o[0]]
+    return out[:n]
+
+@section('correct float32', 60)
+def _():
+    s = S['float32']; target, head = s['target'], s['head']
+    refs = [hf_generate(target, p, NEW)[0] for p in s['prompts']]; s['refs'] = refs
+    res = {}
+    for method, b in (('dyspec', 8), ('chain', 4), ('eagle2', 16)):
+        dec = SpecDecoder(target, head, method, budget=b, step='device')
+        t = time.time(); outs = [dec.generate(p, max_new_tokens=NEW) for p in s['prompts']]
+        res[f'{method} b{b}: identical to target.generate'] = [o.tokens.tolist() == r for o, r in zip(outs, refs)]
+        res[f'{method} b{b}: first calls, s (capture included)'] = time.time() - t
+    p = s['prompts'][0]
+    for label, dec in (('device dyspec b8', SpecDecoder(target, head, 'dyspec', budget=8, step='device')),
+                       ('host dyspec b8, static', SpecDecoder(target, head, 'dyspec', budget=8, static=True)),
+                       ('host autoregressive, static', SpecDecoder(target, None, 'autoregressive', static=True))):
+        dec.generate(p, max_new_tokens=NEW)                                     # warm: graphs captured
+        (a, na), (b_, nb) = count_syncs(lambda: dec.generate(p, max_new_tokens=NEW)), count_syncs(lambda: dec.generate(p, max_new_tokens=16))
+        if na is not None: res[f'{label}: syncs per step'] = dict(long=[na, a.stats.steps], short=[nb, b_.stats.steps], per_step=(na - nb) / max(1, a.stats.steps - b_.stats.steps))
+    ds = SpecDecoder(target, head, 'dyspec', budget=8, step='device').device_step(int(p.shape[1]) + NEW + 9)
+    g = torch.Generator(device=DEV).manual_seed(0)
+    ds.start(p[0].tolist()); ds.step(generator=g)                               # captured
+    n_sync = []
+    for _ in range(10):
+        o, c = count_syncs(lambda: ds.step(generator=g)); o.tolist(); n_sync.append(c)
+    res['device step: syncs inside step() over 10 steps'] = n_sync
+    for T in (0.0, 1.0):                                                        # captured = eager
+        outs = [device_decode(DeviceStep(target, head, 'dyspec', budget=8, capacity=512, graphs=gr), p[0].tolist(), 48, temperature=T,
+                              generator=torch.Generator(device=DEV).manual_seed(3)) for gr in (None, False)]
+        res[f'T={T}: graphs output = eager output'] = outs[0] == outs[1]
+    return res
+
+DEVICE_SETTINGS = [('dyspec', 8), ('dyspec', 16), ('dyspec', 32), ('chain', 2), ('chain', 4), ('chain', 8), ('eagle2', 16), ('dyspec_threshold', 16)]
+
+def table(dt, extra=(), keep=None):
+    "One interleaved greedy run on the prompts: per setting, ms/token, speedup over target.generate, accepted/step, identical."
+    from dyspec_nb.static import StaticCache
+    from dyspec_nb.timing import forward_seconds
+    s = S[dt]; target, head, token, prompts = s['target'], s['head'], s['token'], s['prompts']
+    calls = {'target.generate': lambda ids: (hf_generate(target, ids, NEW)[0], None),
+             'assisted (token draft)': lambda ids: (hf_generate(target, ids, NEW, assistant_model=token)[0], None)}
+    calls.update(extra)
+    def engine(dec): return lambda ids: (lambda o: (o.tokens.tolist(), o.stats))(dec.generate(ids, max_new_tokens=NEW))
+    calls['engine autoregressive, static'] = engine(SpecDecoder(target, None, 'autoregressive', static=True))
+    calls['dyspec default, static'] = engine(SpecDecoder(target, head, 'dyspec', budget='auto', static=True))
+    for m, b in (('dyspec', 8), ('chain', 4)):
+        calls[f'{m} b{b}, static'] = engine(SpecDecoder(target, head, m, budget=b, static=True))
+    for m, b in DEVICE_SETTINGS:
+        calls[f'{m} b{b}, device'] = engine(SpecDecoder(target, head, m, budget=b, step='device'))
+    calls['dyspec default, device'] = engine(SpecDecoder(target, head, 'dyspec', budget='auto', step='device'))   # budget measured on the first call
+    eager = SpecDecoder(target, head, 'dyspec', budget=8, step='device')        # the device step uncaptured: its launches, one read
+    eager._device = DeviceStep(target, head, 'dyspec', 8, capacity=1024, graphs=False)
+    calls['dyspec b8, device uncaptured'] = engine(eager)
+    if keep is not None: calls = {k: c for k, c in calls.items() if k in keep or k in dict(extra) or k == 'target.generate'}
+    longest = max(prompts, key=lambda p: p.shape[1])
+    warm, failed = {}, {}
+    for k, c in list(calls.items()):                                            # warm-up on the longest prompt: every graph captured
+        try: _, warm[k] = synced(lambda: c(longest))
+        except Exception: failed[k] = traceback.format_exc()[-1500:]; del calls[k]; print(failed[k], flush=True)
+    res = {k: dict(seconds=0.0, tokens=0, steps=0, accepted=0, step_seconds=0.0, outputs=[]) for k in calls}
+    for ids in prompts:
+        for k, c in calls.items():
+            (toks, st), sec = synced(lambda: c(ids))
+            r = res[k]; r['seconds'] += sec; r['tokens'] += len(toks); r['outputs'].append(toks)
+            if st is not None:
+                r['steps'] += st.steps; r['accepted'] += sum(x.accepted for x in st.records)
+                r['step_seconds'] += sum(x.device for x in st.records)
+    base = res['target.generate']; bt = base['seconds'] / base['tokens']
+    tab = {k: dict(ms_per_token=1e3 * r['seconds'] / r['tokens'], speedup=bt / (r['seconds'] / r['tokens']),
+                   accepted_per_step=r['accepted'] / r['steps'] if r['steps'] else None,
+                   ms_per_step=1e3 * r['seconds'] / r['steps'] if r['steps'] else None,
+                   device_ms_per_step=1e3 * r['step_seconds'] / r['steps'] if r['steps'] and r['step_seconds'] else None,
+                   identical=r['outputs'] == base['outputs'], first_call_s=warm[k],
+                   draws=draw_mode(k.split(' ')[0], 0.0) if ' b' in k else None) for k, r in res.items()}
+    static = lambda m: StaticCache(m, 256 + 64)
+    sizes = (1, 3, 5, 9, 17, 33)
+    if keep is not None: return dict(prompts=len(prompts), table=tab, failed=failed)
+    steps = forward_seconds({'t': target}, sizes, 256, 5 if DRY else 20, warmup=3, tree=True, cache_for=static)['t']
+    return dict(prompts=len(prompts), table=tab, failed=failed, target_static_verify_ms={n: 1e3 * v for n, v in steps.items()})
+
+def static_gen(target):
+    "target.generate with transformers' static cache, compiled by generate itself (as cache_implementation='static' does on CUDA)."
+    return lambda ids: (hf_generate(target, ids, NEW, cache_implementation='static')[0], None)
+
+@section('table float32', 90)
+def _(): return table('float32', extra={'target.generate, static cache (compiled)': static_gen(S['float32']['target'])})
+
+@section('chi2 cuda', 40)
+def _():
+    from dyspec_nb.models import tiny_llama
+    from dyspec_nb.head import tiny_head
+    from dyspec_nb.lossless import chi2_test, ALPHA
+    target = tiny_llama(seed=1); head, held = tiny_head(target)
+    pr = [0, 7, 2]
+    with torch.no_grad():
+        p1 = torch.softmax(target(torch.tensor([pr])).logits[0, -1].double(), -1)
+        p2 = torch.stack([torch.softmax(target(torch.tensor([pr + [a]])).logits[0, -1].double(), -1) for a in range(16)])
+    exact = (p1[:, None] * p2).flatten()
+    gt = copy.deepcopy(target).to(DEV); gh = copy.deepcopy(head).to(DEV).bind(gt)
+    res = {}
+    for method in ('dyspec', 'eagle2'):
+        ds, gen, counts = DeviceStep(gt, gh, method, budget=4, capacity=64), torch.Generator(device=DEV).manual_seed(0), torch.zeros(256)
+        for _ in range(300 if DRY else 2000):
+            a, b = device_decode(ds, pr, 2, temperature=1.0, draft_temperature=1.0, generator=gen)[:2]
+            counts[16 * a + b] += 1
+        r = chi2_test(counts, exact)
+        res[method] = dict(stat=float(r['stat']), dof=int(r['dof']), pvalue=float(r['pvalue']), impossible=int(r['impossible']), passed=bool(r['impossible'] == 0 and r['pvalue'] > ALPHA))
+    return res
+
+@section('load bfloat16', 40)
+def _():
+    S.pop('float32', None); torch.cuda.empty_cache() if CUDA else None
+    return load('bfloat16')
+
+@section('correct bfloat16', 25)
+def _():
+    s = S['bfloat16']; target, head = s['target'], s['head']
+    refs = [hf_generate(target, p, NEW)[0] for p in s['prompts']]
+    dec = SpecDecoder(target, head, 'dyspec', budget=8, step='device')
+    outs = [dec.generate(p, max_new_tokens=NEW).tokens.tolist() for p in s['prompts']]
+    first = [next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), None) for o, r in zip(outs, refs)]
+    return dict(identical=[o == r for o, r in zip(outs, refs)], first_difference=first)
+
+@section('table bfloat16', 90)
+def _(): return table('bfloat16')
+
+@section('torch.compile of the step', 150)
+def _():
+    S.pop('bfloat16', None); torch.cuda.empty_cache() if CUDA else None
+    load('float32')
+    s = S['float32']; target, head, p = s['target'], s['head'], s['prompts'][0][0].tolist()
+    res = {}
+    a = DeviceStep(target, head, 'dyspec', budget=8, capacity=512)            # captured: a CUDA graph per setting
+    a.start(p); a.step(); sync()
+    t = time.perf_counter()
+    for _ in range(20): a.step()
+    sync(); res['captured graph: ms per step'] = 1e3 * (time.perf_counter() - t) / 20
+    for mode in ('reduce-overhead', 'max-autotune'):
+        if left() < 100: res[mode] = 'skipped: time'; continue
+        try:
+            torch._dynamo.reset()
+            b = DeviceStep(target, head, 'dyspec', budget=8, capacity=512, graphs=False); b.start(p)
+            run = torch.compile(b.run, mode=mode, fullgraph=True)
+            t = time.time(); run(None, None); sync(); c = time.time() - t
+            for _ in range(3): run(None, None)
+            sync(); t = time.perf_counter()
+            for _ in range(20): run(None, None)
+            sync(); res[mode] = dict(compile_s=c, ms_per_step=1e3 * (time.perf_counter() - t) / 20)
+        except Exception: res[mode] = traceback.format_exc()[-2000:]
+        save()
+    return res
+
+rec['total_s'] = round(time.time() - T0, 1); save()
+print('done in', rec['total_s'], 's', flush=True)
