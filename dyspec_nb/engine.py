@@ -23,7 +23,7 @@ from .static import StaticCache, BUCKETS
 from .cost import CostModel, cost_model
 from .head import HeadSession, HeadCache, StaticHeadCache, is_head, check_head_target, unrolled_logits
 from .forward import layer_states
-from .device_step import DeviceStep, DEVICE_METHODS, frontier_shape
+from .device_step import DeviceStep, DEVICE_METHODS, device_shape
 
 # %% ../nbs/api/08_engine.ipynb #aa9a1d48
 @dataclass
@@ -121,7 +121,7 @@ def _capacity(room):
     "The positions of a cache kept from call to call: the next power of two >= `room`, at least 256."
     return max(256, 1 << (room - 1).bit_length())
 
-DEVICE_OPTIONS = ('draws', 'width', 'children', 'depth', 'threshold', 'topk')   # what step='device' takes of a builder's options
+DEVICE_OPTIONS = ('draws', 'width', 'children', 'depth', 'threshold', 'topk', 'k', 'acceptance', 'max_depth')   # what step='device' takes of a builder's options
 DEVICE_AUTO_BUDGETS = (8, 16, 32)   # budget='auto' with the device step: the budgets it measures on the first call
 DEVICE_PROBE_STEPS = 8              # ... each for this many captured steps
 
@@ -135,7 +135,7 @@ def _device_refusal(target, draft, method, budget, auto, static, attention, opti
     bad = sorted(set(options) - set(DEVICE_OPTIONS))
     if bad: return f"step='device' takes the builder options {', '.join(DEVICE_OPTIONS)}, not {', '.join(bad)}"
     for b in ([b for b in DEVICE_AUTO_BUDGETS if b <= budget] or [budget]) if auto else [budget]:
-        try: _device_shape(method, b, options)                                  # a frontier out of range
+        try: _device_shape(method, b, options, _vocab_size(target))            # a frontier or a shape out of range
         except ValueError as e: return str(e)
     return None
 
@@ -151,11 +151,16 @@ def _check_step(step, target, draft, method, budget, auto, static, attention, op
         return step
     return 'device' if why is None and (device_type or input_device(target).type) == 'cuda' else 'host'
 
-def _device_shape(method, budget, options):
-    "`(W, K, D)` of the device builder for the decoder's options (eagle2's `topk` is its width and children)."
+def _device_kwargs(method, options):
+    "The `DeviceStep` arguments of the decoder's builder options (eagle2's `topk` is its width and children)."
     o = dict(options)
     if method == 'eagle2' and 'topk' in o: o['width'] = o['children'] = o.pop('topk')
-    return frontier_shape(method, budget, o.get('width'), o.get('children'), o.get('depth'))
+    return {n: o[n] for n in ('width', 'children', 'depth', 'threshold', 'k', 'acceptance', 'max_depth') if n in o}
+
+def _device_shape(method, budget, options, vocab):
+    "`(W, K, D)` of the device builder for the decoder's options: a `ValueError` for a frontier or a shape out of range."
+    kw = _device_kwargs(method, options); kw.pop('threshold', None)
+    return device_shape(method, budget, vocab, **kw)[:3]
 
 def _check_cap(name, value, context=1 << 30):
     "`value`, a budget or its cap: an integer from 1 to `MAX_BUDGET`, and to `context` - 2 (a tree, its root and one prompt token fill the context)."
@@ -409,8 +414,7 @@ SpecDecoder.generate = _generate
 
 def _new_device_step(self: SpecDecoder, budget, capacity):
     "A `DeviceStep` of the decoder's method and options at `budget` draft tokens, `capacity` positions."
-    W, K, D = _device_shape(self.method, budget, self.options)
-    return DeviceStep(self.target, self.draft, self.method, budget, W, K, D, self.options.get('threshold'), capacity=capacity)
+    return DeviceStep(self.target, self.draft, self.method, budget, capacity=capacity, **_device_kwargs(self.method, self.options))
 
 def _device_step(self: SpecDecoder, room):
     "step='device': the decoder's `DeviceStep`, kept from call to call; a new one with the next power of two >= `room` positions when it is too small."
@@ -425,7 +429,7 @@ def _device_probe(self: SpecDecoder, seq, room, **step_kw):
     (tokens per second). Its random numbers are its own: a seeded call decodes as it would without the probe."""
     rates, steps = {}, {}
     for b in self.device_budgets:
-        D = _device_shape(self.method, b, self.options)[2]
+        D = _device_shape(self.method, b, self.options, _vocab_size(self.target))[2]
         ds = _new_device_step(self, b, _capacity(max(room, len(seq) + (DEVICE_PROBE_STEPS + 1) * (D + 1) + b + 1)))   # room for the probe's tokens
         g = torch.Generator(device=ds.device).manual_seed(0)
         ds.start(seq); ds.step(generator=g, **step_kw).tolist()
@@ -444,7 +448,7 @@ def _device_generate(self: SpecDecoder, seq, max_new_tokens, sampling, draft_tem
     if draft_temperature == 0:                                                  # as the host step: top draws, estimated at the default temperature
         if draws == 'sample': raise ValueError("draws='sample' draws from the draft's rows, and at draft_temperature=0 a row holds one token: give a draft temperature above 0, or draws='top'")
         draws, draft_temperature = 'top', DRAFT_TEMPERATURE
-    ctx, D = min(_context(self.target), _context(self.draft)), max(_device_shape(self.method, b, self.options)[2] for b in (self.device_budgets if self.auto else (self.budget,)))
+    ctx, D = min(_context(self.target), _context(self.draft)), max(_device_shape(self.method, b, self.options, _vocab_size(self.target))[2] for b in (self.device_budgets if self.auto else (self.budget,)))
     if len(seq) + max_new_tokens + D > ctx:
         raise ValueError(f"the prompt ({len(seq)} tokens), max_new_tokens ({max_new_tokens}) and a tree {D} deep exceed the context of {ctx} positions")
     room = len(seq) + max_new_tokens + self.budget + 1
