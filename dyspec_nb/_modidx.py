@@ -185,6 +185,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                        'dyspec_nb.device_step.DeviceTree.to_host': ( 'api/device_step.html#devicetree.to_host',
                                                                                      'dyspec_nb/device_step.py'),
                                        'dyspec_nb.device_step._norm': ('api/device_step.html#_norm', 'dyspec_nb/device_step.py'),
+                                       'dyspec_nb.device_step.adapt_threshold': ( 'api/device_step.html#adapt_threshold',
+                                                                                  'dyspec_nb/device_step.py'),
                                        'dyspec_nb.device_step.ancestors': ('api/device_step.html#ancestors', 'dyspec_nb/device_step.py'),
                                        'dyspec_nb.device_step.children_table': ( 'api/device_step.html#children_table',
                                                                                  'dyspec_nb/device_step.py'),

@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['DEVICE_METHODS', 'FIXED_SHAPES', 'ancestors', 'rank_order', 'DeviceTree', 'gumbel_noise', 'frontier_tree',
            'pack_tree', 'fixed_shape', 'shape_plan', 'shape_tree', 'children_table', 'greedy_verify', 'sample_verify',
-           'frontier_shape', 'device_shape', 'DeviceStep']
+           'frontier_shape', 'adapt_threshold', 'device_shape', 'DeviceStep']
 
 # %% ../nbs/api/07e_device_step.ipynb #08fe5322
 import math
@@ -258,7 +258,7 @@ def sample_verify(tree, p, u, K, D):
     return path, toks, k
 
 # %% ../nbs/api/07e_device_step.ipynb #6769b95f
-DEVICE_METHODS = ('dyspec', 'dyspec_threshold', 'eagle2', 'chain', 'sequoia', 'specinfer')
+DEVICE_METHODS = ('dyspec', 'dyspec_threshold', 'dyspec_adaptive', 'eagle2', 'chain', 'sequoia', 'specinfer')
 FIXED_SHAPES = ('sequoia', 'specinfer')     # built by `shape_tree`; the others by `frontier_tree`
 
 def frontier_shape(method, budget, width=None, children=None, depth=None):
@@ -271,6 +271,11 @@ def frontier_shape(method, budget, width=None, children=None, depth=None):
     for name, v in (('width', W), ('children', K), ('depth', D)):
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= budget: raise ValueError(f"{name} must be an integer from 1 to the budget ({budget}), got {v!r}")
     return W, K, D
+
+def adapt_threshold(t, size, budget, fill):
+    "`dyspec_adaptive`'s rule in tensors: the next threshold after a tree of `size` draft tokens under threshold `t` (both [1] or 0-dim): aiming at `fill * budget`, at most halved or doubled, 1.25x when the budget bound."
+    factor = torch.where(size >= budget, 1.25, size.clamp(min=1) / (fill * budget))
+    return (t * factor.clamp(0.5, 2.0)).clamp(1e-9, 1.0)
 
 def device_shape(method, budget, vocab, width=None, children=None, depth=None, k=None, acceptance=None, max_depth=None):
     "`(W, K, D, parents)` of a device builder: `frontier_shape` and no parents, or a fixed shape's (`fixed_shape`) widest level, most children, depth and parents."
@@ -289,7 +294,7 @@ class DeviceStep:
     returns one small tensor, the step's only read back to the host. With `graphs` (default: on CUDA) each setting's
     step is one CUDA graph; 'emulate' runs it eagerly but returns its outputs as a replayed graph does."""
     def __init__(self, target, head, method='dyspec', budget=8, width=None, children=None, depth=None, threshold=None, capacity=1024, graphs=None,
-                 k=None, acceptance=None, max_depth=None):
+                 k=None, acceptance=None, max_depth=None, fill=0.9):
         if method not in DEVICE_METHODS: raise ValueError(f"the device step builds {', '.join(DEVICE_METHODS)}, not {method!r}")
         if not is_head(head): raise ValueError("the device step drafts with a feature head (07c_head)")
         if not lean_supported(target): raise ValueError("the device step needs the lean forward: a Llama-architecture target on SDPA attention")
@@ -298,6 +303,9 @@ class DeviceStep:
         self.target, self.head, self.method, self.budget = target, head, method, budget
         self.W, self.K, self.D, parents = device_shape(method, budget, head.config.vocab_size, width, children, depth, k, acceptance, max_depth)
         self.threshold = (min(1.0, 2.0 / budget) if threshold is None else float(threshold)) if method == 'dyspec_threshold' else 0.0
+        if method == 'dyspec_adaptive' and threshold is not None: raise ValueError("dyspec_adaptive sets its own threshold, step by step: give it fill=, not threshold=")
+        if isinstance(fill, bool) or not isinstance(fill, (int, float)) or not 0 < fill <= 1: raise ValueError(f"fill must be in (0, 1], got {fill!r}")
+        self.fill = float(fill)
         self.capacity, self.device = capacity, input_device(target)
         self.N = budget + 1
         self.plan = None if parents is None else shape_plan(parents, self.N, self.device)   # a fixed shape: its pool is the tree's N slots
@@ -312,6 +320,7 @@ class DeviceStep:
         self.emitted = torch.full((self.D + 1,), -1, dtype=torch.long, device=dev)   # [D + 1]: last step's emitted tokens
         self.tfeat = torch.zeros(self.D + 1, F3, device=dev, dtype=head.dtype)       # [D + 1, 3H]: the target's features of last step's path
         self.text_from = torch.zeros(1, dtype=torch.long, device=dev)                # [1]: the head's first text position (1, or 0 for a one-token prompt)
+        self.thr = torch.zeros(1, device=dev)                                        # [1]: dyspec_adaptive's threshold, adapted step by step
         self.runs = {}                                                               # a step's settings -> its buffers (and graph)
 
     def start(self, prompt):
@@ -328,7 +337,7 @@ class DeviceStep:
             pos, cols = torch.arange(1, L - 1, device=dev), torch.arange(self.hcache.K.shape[2], device=dev)
             self._head(torch.tensor(prompt[1:-1], device=dev), pos, (cols[None] >= 1) & (cols[None] <= pos[:, None]), head.fuse(feats[:L - 2]))
         self.text_from.fill_(1 if L > 1 else 0)                                      # position 0 has no feature before it
-        self.r.fill_(L - 1); self.k.fill_(1)
+        self.r.fill_(L - 1); self.k.fill_(1); self.thr.fill_(min(1.0, 2.0 / self.budget))   # dyspec_adaptive: each call starts afresh, as on the host
         self.emitted.fill_(-1); self.emitted[0] = prompt[-1]
 
     def _head(self, ids, pos, allowed, feats, slots=None):
@@ -365,7 +374,7 @@ class DeviceStep:
             for name, x in (('noise', noise), ('u', u)):
                 if x is not None: buf[name].copy_(x)
         run = lambda: self.run(buf['noise'], buf['u'], temperature, top_p, top_k, draft_temperature)
-        state = (self.r, self.k, self.emitted, self.tfeat)                           # what a step changes in place: warm-up runs undo it
+        state = (self.r, self.k, self.emitted, self.tfeat, self.thr)                 # what a step changes in place: warm-up runs undo it
         saved = [t.clone() for t in state] if buf['graph'] is None and self.graphs is True else None
         reset = lambda: [t.copy_(v) for t, v in zip(state, saved)]
         return run_bucket(self.graphs, buf, run, self.device, reset)             # a capture records the step without running it
@@ -392,7 +401,11 @@ class DeviceStep:
         if self.plan is not None:                                                    # Sequoia's or SpecInfer's shape
             mode = DETERMINISTIC if noise is None else WITH_REPLACEMENT if self.method == 'specinfer' else WITHOUT_REPLACEMENT
             tree = shape_tree(self.emitted[k - 1][0], expand, self.plan, mode, noise)
-        else: tree = frontier_tree(self.emitted[k - 1][0], expand, N, W, K, D, noise=noise, layer_only=self.method == 'eagle2', threshold=self.threshold)
+        else:
+            adaptive = self.method == 'dyspec_adaptive'
+            tree = frontier_tree(self.emitted[k - 1][0], expand, N, W, K, D, noise=noise, layer_only=self.method == 'eagle2',
+                                 threshold=self.thr if adaptive else self.threshold)
+            if adaptive: self.thr.copy_(adapt_threshold(self.thr, tree.valid.sum() - 1, self.budget, self.fill))
         anc = ancestors(tree.parents); depth = anc.sum(1) - 1                       # [N, N], [N]
         slots, tcols = r + torch.arange(N, device=dev), torch.arange(self.tcache.k.shape[2], device=dev)
         allowed = (tcols < r)[None].expand(N, len(tcols)).clone(); allowed[:, slots] = anc
