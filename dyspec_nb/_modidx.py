@@ -118,6 +118,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'dyspec_nb.cli.parser': ('api/cli.html#parser', 'dyspec_nb/cli.py'),
                                'dyspec_nb.cli.placement_args': ('api/cli.html#placement_args', 'dyspec_nb/cli.py'),
                                'dyspec_nb.cli.render_readme': ('api/cli.html#render_readme', 'dyspec_nb/cli.py'),
+                               'dyspec_nb.cli.speedup_baselines': ('api/cli.html#speedup_baselines', 'dyspec_nb/cli.py'),
                                'dyspec_nb.cli.train_draft_run': ('api/cli.html#train_draft_run', 'dyspec_nb/cli.py'),
                                'dyspec_nb.cli.train_draft_summary': ('api/cli.html#train_draft_summary', 'dyspec_nb/cli.py')},
             'dyspec_nb.cost': { 'dyspec_nb.cost.CostModel': ('api/cost.html#costmodel', 'dyspec_nb/cost.py'),

@@ -4,9 +4,9 @@
 
 # %% auto #0
 __all__ = ['METHODS', 'DATASETS', 'DRAWS', 'DTYPES', 'MAX_CLI_BUDGET', 'COUNT', 'TEMPERATURE', 'TOP_P', 'TOP_K', 'SEED',
-           'MINUTES', 'SCALE', 'TextStream', 'generate_text', 'chat', 'compare', 'compare_markdown', 'render_readme',
-           'number', 'budget', 'device', 'placement_args', 'bench_parser', 'bench_run', 'train_draft_run',
-           'train_draft_summary', 'parser', 'main', 'cuda_notebooks', 'gpu_check']
+           'MINUTES', 'SCALE', 'TextStream', 'speedup_baselines', 'generate_text', 'chat', 'compare',
+           'compare_markdown', 'render_readme', 'number', 'budget', 'device', 'placement_args', 'bench_parser',
+           'bench_run', 'train_draft_run', 'train_draft_summary', 'parser', 'main', 'cuda_notebooks', 'gpu_check']
 
 # %% ../nbs/api/09_cli.ipynb #3bcb6f1c
 import argparse, contextlib, dataclasses, json, math, re, shlex, subprocess, sys, time, warnings
@@ -23,10 +23,24 @@ class TextStream:
         if text.endswith('\ufffd'): return                        # an incomplete UTF-8 character: wait for the rest
         self.out.write(text[len(self.text):]); self.out.flush(); self.text = text
 
+def speedup_baselines(target, ids, max_new_tokens, temperature=0.0, seed=0, cuda=None, **sampling):
+    """What a user would otherwise run, in seconds per token on the same prompt and settings: `target.generate`, and where
+    the target is on CUDA (`cuda`, default: ask the target) also with transformers' static cache, which `generate`
+    compiles on CUDA (`cache_implementation='static'`), timed after one call that compiles it. `{label: seconds per token}`."""
+    from dyspec_nb.models import hf_generate
+    cuda = (next(target.parameters()).device.type == 'cuda') if cuda is None else cuda
+    runs = {'target.generate': {}} | ({'static-cache generate (compiled)': dict(cache_implementation='static')} if cuda else {})
+    out = {}
+    for label, kw in runs.items():
+        if kw: hf_generate(target, ids, max_new_tokens, temperature, seed, **sampling, **kw)   # the first call compiles
+        toks, secs = hf_generate(target, ids, max_new_tokens, temperature, seed, **sampling, **kw)
+        out[label] = secs / max(1, len(toks))
+    return out
+
 def generate_text(dec, tokenizer, messages, max_new_tokens=128, temperature=0.0, top_p=1.0, top_k=0, draft_temperature=0.6,
                   seed=None, baseline=True, out=None, err=None, control_tokens=False):
     "Stream the answer to `messages` with `dec` (a SpecDecoder); print a summary line; return (text, stats, target.generate's seconds per token or None). Control tokens spelled in the messages stay text unless `control_tokens` (`chat_ids`)."
-    from dyspec_nb.models import chat_ids, hf_generate
+    from dyspec_nb.models import chat_ids
     out, err = out or sys.stdout, err or sys.stderr
     ids = chat_ids(tokenizer, messages, control_tokens)
     opts = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k, draft_temperature=draft_temperature, seed=seed)
@@ -34,14 +48,14 @@ def generate_text(dec, tokenizer, messages, max_new_tokens=128, temperature=0.0,
     res = dec.generate(ids, streamer=stream, **opts)
     out.write('\n'); out.flush()
     s = res.stats
-    line = (f"[{dec.method}, budget {dec.budget_label}] {s.new_tokens} tokens in {s.steps} steps: "
+    line = (f"[{dec.method}, budget {dec.budget_label}{', device step' if dec.step == 'device' else ''}] {s.new_tokens} tokens in {s.steps} steps: "
             f"{s.accepted_per_step:.2f} accepted draft tokens/step, {1e3 * s.seconds_per_token:.1f} ms/token")
     base = None
-    if baseline and dec.method != 'autoregressive':                   # what a user would otherwise run: target.generate
-        toks, secs = hf_generate(dec.target, ids, max_new_tokens, temperature, 0 if seed is None else seed,
-                                 **(dict(top_p=top_p, top_k=top_k) if temperature > 0 else {}))
-        base = secs / max(1, len(toks))
-        line += f"; target.generate {1e3 * base:.1f} ms/token: speedup {base / s.seconds_per_token:.2f}x"
+    if baseline and dec.method != 'autoregressive':                   # what a user would otherwise run: target.generate (and on CUDA its compiled static cache)
+        bases = speedup_baselines(dec.target, ids, max_new_tokens, temperature, 0 if seed is None else seed,
+                                  **(dict(top_p=top_p, top_k=top_k) if temperature > 0 else {}))
+        base = bases['target.generate']
+        line += ''.join(f"; {k} {1e3 * b:.1f} ms/token: speedup {b / s.seconds_per_token:.2f}x" for k, b in bases.items())
     print(line, file=err)
     return stream.text, s, base
 

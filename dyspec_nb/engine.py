@@ -236,9 +236,9 @@ class SpecDecoder:
         if self.kernel: register_tree_attention(target)     # the target verifies trees with the block-sparse kernel, in DFS order
 
 def _budget_label(self: SpecDecoder):
-    "The budget as set: 'auto (at most 64)', on the device step 'auto (16 of 8/16/32)' once measured, or the fixed number."
+    "The budget as set: 'auto (at most 64)', on the device step 'auto (16 of 8/16/32)' once measured ('to measure' before), or the fixed number."
     if self.auto and self.step == 'device':
-        return f"auto ({self.device_budget or 'to measure'} of {'/'.join(map(str, self.device_budgets))}, device step)"
+        return f"auto ({self.device_budget or 'to measure'} of {'/'.join(map(str, self.device_budgets))})"
     return f"auto (at most {self.budget})" if self.auto else str(self.budget)
 
 SpecDecoder.budget_label = property(_budget_label)
