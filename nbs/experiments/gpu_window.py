@@ -108,7 +108,7 @@ def _():
     return res
 
 DEVICE_SETTINGS = [('dyspec', 8), ('dyspec', 16), ('dyspec', 32), ('chain', 2), ('chain', 4), ('chain', 8), ('eagle2', 16), ('dyspec_threshold', 16),
-                   ('sequoia', 16), ('specinfer', 16)]
+                   ('sequoia', 16), ('specinfer', 16), ('dyspec', 8, dict(depth=4)), ('dyspec', 16, dict(depth=4))]
 
 def table(dt, extra=(), keep=None):
     "One interleaved greedy run on the prompts: per setting, ms/token, speedup over target.generate, accepted/step, identical."
@@ -123,8 +123,9 @@ def table(dt, extra=(), keep=None):
     calls['dyspec default, static'] = engine(SpecDecoder(target, head, 'dyspec', budget='auto', static=True))
     for m, b in (('dyspec', 8), ('chain', 4)):
         calls[f'{m} b{b}, static'] = engine(SpecDecoder(target, head, m, budget=b, static=True))
-    for m, b in DEVICE_SETTINGS:
-        calls[f'{m} b{b}, device'] = engine(SpecDecoder(target, head, m, budget=b, step='device'))
+    for m, b, *o in DEVICE_SETTINGS:
+        o = o[0] if o else {}
+        calls[f"{m} b{b}{''.join(f' {k} {v}' for k, v in o.items())}, device"] = engine(SpecDecoder(target, head, m, budget=b, step='device', **o))
     calls['dyspec default, device'] = engine(SpecDecoder(target, head, 'dyspec', budget='auto', step='device'))   # budget measured on the first call
     eager = SpecDecoder(target, head, 'dyspec', budget=8, step='device')        # the device step uncaptured: its launches, one read
     eager._device = DeviceStep(target, head, 'dyspec', 8, capacity=1024, graphs=False)
