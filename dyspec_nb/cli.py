@@ -48,7 +48,7 @@ def generate_text(dec, tokenizer, messages, max_new_tokens=128, temperature=0.0,
     res = dec.generate(ids, streamer=stream, **opts)
     out.write('\n'); out.flush()
     s = res.stats
-    line = (f"[{dec.method}, budget {dec.budget_label}{', device step' if dec.step == 'device' else ''}] {s.new_tokens} tokens in {s.steps} steps: "
+    line = (f"[{dec.method}, budget {dec.budget_label}{', device step' if getattr(dec, 'step', 'host') == 'device' else ''}] {s.new_tokens} tokens in {s.steps} steps: "
             f"{s.accepted_per_step:.2f} accepted draft tokens/step, {1e3 * s.seconds_per_token:.1f} ms/token")
     base = None
     if baseline and dec.method != 'autoregressive':                   # what a user would otherwise run: target.generate (and on CUDA its compiled static cache)

@@ -289,9 +289,9 @@ def device_shape(method, budget, vocab, width=None, children=None, depth=None, k
 
 class DeviceStep:
     """Speculative decoding of a Llama-architecture `target` with its feature `head`, the whole step in tensor code on
-    the target's device: the head's calls, the tree (`frontier_tree`, or `shape_tree` for a fixed shape), the verification forward, the verifier and the
-    compaction of the target's cache, on fixed shapes, with the lengths kept in tensors updated in place. `step()`
-    returns one small tensor, the step's only read back to the host. With `graphs` (default: on CUDA) each setting's
+    the target's device: the head's calls, the tree (`frontier_tree`, or `shape_tree` for a fixed shape), the
+    verification forward, the verifier and the compaction of the target's cache, on fixed shapes, with the lengths kept
+    in tensors updated in place. `step()` returns one small tensor, the step's only read back to the host. With `graphs` (default: on CUDA) each setting's
     step is one CUDA graph; 'emulate' runs it eagerly but returns its outputs as a replayed graph does."""
     def __init__(self, target, head, method='dyspec', budget=8, width=None, children=None, depth=None, threshold=None, capacity=1024, graphs=None,
                  k=None, acceptance=None, max_depth=None, fill=0.9):
