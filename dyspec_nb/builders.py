@@ -5,8 +5,9 @@
 # %% auto #0
 __all__ = ['MAX_BUDGET', 'DRAWS', 'DEFAULT_ACCEPTANCE', 'BUILDERS', 'COST_AWARE', 'TOP_DRAWS', 'ALWAYS_TOP', 'dyspec',
            'dyspec_threshold', 'dyspec_adaptive', 'convex_minorant', 'StepCosts', 'sequoia_dp', 'positional_value',
-           'sequoia_bruteforce', 'sequoia', 'specinfer', 'chain', 'opt_tree', 'C2TClassifier', 'default_c2t_classifier',
-           'row_entropy', 'c2t', 'top_children', 'eagle2', 'draw_mode', 'run_options']
+           'sequoia_bruteforce', 'sequoia_shape', 'sequoia', 'specinfer_sizes', 'specinfer', 'chain', 'opt_tree',
+           'C2TClassifier', 'default_c2t_classifier', 'row_entropy', 'c2t', 'top_children', 'eagle2', 'draw_mode',
+           'run_options']
 
 # %% ../nbs/api/02_builders.ipynb #9e7a35ec
 import copy, heapq, itertools, json, math, operator
@@ -383,6 +384,10 @@ DEFAULT_ACCEPTANCE = tuple(1 / (k * (k + 1)) for k in range(1, 17))   # r_k = P(
 
 
 # %% ../nbs/api/02_builders.ipynb #7fc7be86
+def sequoia_shape(budget, vocab, acceptance=DEFAULT_ACCEPTANCE, max_depth=None):
+    "The parents (BFS order) of Sequoia's tree shape for `budget` draft tokens over a `vocab`-token draft: `sequoia_dp` of the acceptance vector (at most `vocab` children a node)."
+    return sequoia_dp(tuple(acceptance)[:vocab], budget + 1, _check_count('max_depth', max_depth))[1]
+
 def sequoia(root_token, draft, budget, generator=None, *,
             acceptance=DEFAULT_ACCEPTANCE,  # positional acceptance vector p_1, p_2, ... (calibrate with `estimate_acceptance`, in the same `draws`)
             max_depth=None,                 # depth bound of the dynamic programme (Sequoia's hardware-aware `d`)
@@ -393,7 +398,7 @@ def sequoia(root_token, draft, budget, generator=None, *,
     top = _is_top(draws)
     b = _Growing(root_token, draft, DETERMINISTIC if top else WITHOUT_REPLACEMENT)
     rows = b.expand([0])
-    _, shape = sequoia_dp(tuple(acceptance)[:b.V], budget + 1, max_depth)
+    shape = sequoia_shape(budget, b.V, acceptance, max_depth)
     kids = [[] for _ in shape]
     for i, par in enumerate(shape[1:], 1): kids[par].append(i)
     p = list(acceptance)
@@ -416,18 +421,23 @@ def sequoia(root_token, draft, budget, generator=None, *,
 
 
 # %% ../nbs/api/02_builders.ipynb #1a169348
+def specinfer_sizes(budget, k=None, depth=None):
+    "`(k, depth)` of SpecInfer's tree for `budget` draft tokens: `k` sequences (default about sqrt(budget)) of `depth` tokens (default budget // k), checked to fit."
+    k, depth = _check_count('k', k), _check_count('depth', depth)
+    if k is None: k = max(1, round(math.sqrt(budget))) if depth is None else max(1, budget // depth)
+    if depth is None: depth = budget // k
+    if k < 1 or depth < 1 or k * depth > budget:
+        raise ValueError(f"k={k} sequences of depth={depth} tokens do not fit a budget of {budget}")
+    return k, depth
+
 def specinfer(root_token, draft, budget, generator=None, *,
               k=None,          # number of independent sequences (default about sqrt(budget))
               depth=None,      # tokens per sequence (default budget // k)
               draws='sample'): # 'sample': every token drawn (with replacement); 'top': the root's top k tokens, each continued by the draft's argmax
     "SpecInfer's tree: `k` sequences of `depth` draft tokens, sampled independently (with replacement) from the root, or its top-k expansion."
     root_token, budget = _check_builder_args(root_token, budget, generator)
-    k, depth = _check_count('k', k), _check_count('depth', depth)
+    k, depth = specinfer_sizes(budget, k, depth)
     top = _is_top(draws)
-    if k is None: k = max(1, round(math.sqrt(budget))) if depth is None else max(1, budget // depth)
-    if depth is None: depth = budget // k
-    if k < 1 or depth < 1 or k * depth > budget:
-        raise ValueError(f"k={k} sequences of depth={depth} tokens do not fit a budget of {budget}")
     b = _Growing(root_token, draft, DETERMINISTIC if top else WITH_REPLACEMENT)
     row = b.expand([0])[0]
     if top: first = [y for _, y in top_children(row[None], k)[0]]          # distinct, none of probability 0

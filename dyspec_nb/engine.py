@@ -155,9 +155,9 @@ def _check_step(step, target, draft, method, budget, auto, static, attention, op
 
 def _device_kwargs(method, options):
     "The `DeviceStep` arguments of the decoder's builder options (eagle2's `topk` is its width and children)."
-    o = dict(options)
+    o = {n: v for n, v in options.items() if n != 'draws'}                     # draws go to each step, not to its shape
     if method == 'eagle2' and 'topk' in o: o['width'] = o['children'] = o.pop('topk')
-    return {n: o[n] for n in ('width', 'children', 'depth', 'threshold', 'k', 'acceptance', 'max_depth', 'fill') if n in o}
+    return o
 
 def _device_shape(method, budget, options, vocab):
     "`(W, K, D)` of the device builder for the decoder's options: a `ValueError` for a frontier or a shape out of range."
