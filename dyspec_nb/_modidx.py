@@ -105,6 +105,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                'dyspec_nb.cli._prompt_text': ('api/cli.html#_prompt_text', 'dyspec_nb/cli.py'),
                                'dyspec_nb.cli._quiet': ('api/cli.html#_quiet', 'dyspec_nb/cli.py'),
                                'dyspec_nb.cli._run': ('api/cli.html#_run', 'dyspec_nb/cli.py'),
+                               'dyspec_nb.cli._table_failures': ('api/cli.html#_table_failures', 'dyspec_nb/cli.py'),
                                'dyspec_nb.cli.bench_parser': ('api/cli.html#bench_parser', 'dyspec_nb/cli.py'),
                                'dyspec_nb.cli.bench_run': ('api/cli.html#bench_run', 'dyspec_nb/cli.py'),
                                'dyspec_nb.cli.budget': ('api/cli.html#budget', 'dyspec_nb/cli.py'),
