@@ -20,7 +20,7 @@ from .tree_attention import tree_mask, register_tree_attention, kernel_verified,
 from .small_linear import use_small_linear
 from .forward import DraftSession, additive_mask, forward, prefill, keep_positions, input_device, new_cache, lean_supported
 from .static import StaticCache, BUCKETS
-from .cost import CostModel, cost_model
+from .cost import CostModel, cost_model, product_choice
 from .head import HeadSession, HeadCache, StaticHeadCache, is_head, check_head_target, unrolled_logits
 from .forward import layer_states
 from .device_step import DeviceStep, DEVICE_METHODS, device_shape
@@ -224,6 +224,7 @@ class SpecDecoder:
         if static and not (lean and lean_supported(target)): raise ValueError("static=True needs the lean forward: a Llama-architecture target on SDPA attention, lean=True")
         if static and attention == 'triton': raise ValueError("static=True verifies with the lean forward's attention, not attention='triton'")
         self.prefetch, self.small_linear, self.lean, self.static = prefetch, small_linear, lean, static
+        if small_linear: product_choice(target, draft, lean=lean)             # kernel or PyTorch per weight shape, measured once per machine (06d_cost)
         if step == 'auto' and costs is not None: step = 'host'                # a cost model given is the host step's
         self.step = _check_step(step, target, draft, method, budget, auto, static, attention, options)
         self.auto = auto and method != 'autoregressive'

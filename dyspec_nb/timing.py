@@ -99,22 +99,32 @@ def target_step_costs(model, sizes=(1, 2, 3, 5, 9, 17, 33, 65), prefix=200, roun
 
 # %% ../nbs/api/06c_timing.ipynb #c0a7d6a7
 def products_seconds(sizes=(1, 2, 3, 5, 9, 17, 33, 65, 129), layers=30, hidden=576, inner=1536, kv=192, vocab=49152, reps=5, seed=0,
-                     products=None):   # {name: (product(x, W), context manager factory)}; default F.linear and small_linear
-    "Median seconds of the linear products of one forward of a llama-shaped model with n rows, `F.linear` vs `small_linear` (or `products`), interleaved: `{name: {n: seconds}}`."
+                     products=None,    # {name: (product(x, W), context manager factory)}; default F.linear and small_linear
+                     weights=None,     # the weights [N, K] to multiply by (default: random ones, a llama's of the sizes above)
+                     by_shape=False,   # True: each shape's weights timed apart, `{name: {(N, K): {n: seconds}}}`
+                     reduce=np.median):   # what of the `reps` times is kept: the median, or `min`
+    """Seconds (`reduce`: the median) of the linear products of one forward of a llama-shaped model (or of `weights`) with
+    n rows, `F.linear` vs `small_linear` (or `products`), interleaved, every weight a distinct matrix read from memory:
+    `{name: {n: seconds}}`, or with `by_shape` per weight shape."""
     g = torch.Generator().manual_seed(seed)
-    shapes = [(hidden, hidden), (kv, hidden), (kv, hidden), (hidden, hidden), (inner, hidden), (inner, hidden), (hidden, inner)]
-    Ws = [torch.randn(o, i, generator=g) for _ in range(layers) for o, i in shapes] + [torch.randn(vocab, hidden, generator=g)]
-    xs = {n: {i: torch.randn(n, i, generator=g) for i in (hidden, inner)} for n in sizes}
+    if weights is None:
+        shapes = [(hidden, hidden), (kv, hidden), (kv, hidden), (hidden, hidden), (inner, hidden), (inner, hidden), (hidden, inner)]
+        weights = [torch.randn(o, i, generator=g) for _ in range(layers) for o, i in shapes] + [torch.randn(vocab, hidden, generator=g)]
+    groups = {}
+    for W in weights: groups.setdefault(tuple(W.shape), []).append(W.detach())
+    xs = {n: {K: torch.randn(n, K, generator=g) for K in {s[1] for s in groups}} for n in sizes}
     fns = products or {'torch': (F.linear, nullcontext), 'small_linear': (small_linear, nullcontext)}
-    times = {(k, n): [] for k in fns for n in sizes}
+    times = {(k, n, s): [] for k in fns for n in sizes for s in groups}
     for r in range(reps + 1):
         for n in sizes:
             for k, (f, ctx) in fns.items():
                 with ctx():
-                    t0 = time.perf_counter()
-                    for W in Ws: f(xs[n][W.shape[1]], W)
-                    if r: times[(k, n)].append(time.perf_counter() - t0)     # round 0 warms up
-    return {k: {n: float(torch.tensor(times[(k, n)]).median()) for n in sizes} for k in fns}
+                    for s, Ws in groups.items():
+                        t0 = time.perf_counter()
+                        for W in Ws: f(xs[n][s[1]], W)
+                        if r: times[(k, n, s)].append(time.perf_counter() - t0)   # round 0 warms up
+    if by_shape: return {k: {s: {n: float(reduce(times[(k, n, s)])) for n in sizes} for s in groups} for k in fns}
+    return {k: {n: float(reduce(np.sum([times[(k, n, s)] for s in groups], axis=0))) for n in sizes} for k in fns}
 
 # %% ../nbs/api/06c_timing.ipynb #f26d1c06
 def draft_cost_ratio(draft, target, n_tokens=(1, 16), context=128, reps=30, seed=0):
