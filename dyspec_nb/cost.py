@@ -6,7 +6,8 @@
 __all__ = ['COST_SIZES', 'ROUND_WEIGHT', 'PRODUCTS_MARGIN', 'cpu_name', 'machine_fingerprint', 'model_fingerprint',
            'cost_fingerprint', 'interpolate', 'CostModel', 'loadavg', 'memory_bandwidth', 'weight_bytes', 'step_limit',
            'measure_cost_model', 'cost_model_path', 'costs_writable', 'cost_model', 'product_weights', 'product_shapes',
-           'measure_products', 'products_path', 'products_fingerprint', 'product_choice', 'plot_cost_model']
+           'measure_products', 'products_path', 'products_fingerprint', 'machine_busy', 'product_choice',
+           'plot_cost_model']
 
 # %% ../nbs/api/06d_cost.ipynb #78173147
 import hashlib, json, math, os, platform, sys, tempfile, time, warnings, weakref
@@ -362,35 +363,47 @@ def products_fingerprint(*models, lean=True):
     if not shapes: return None
     return dict(machine=machine_fingerprint('cpu'), shapes=[[n, k, c] for (n, k), c in sorted(shapes.items())], rows=list(CHOICE_ROWS), margin=PRODUCTS_MARGIN)
 
-def product_choice(*models, lean=True, refresh=False, progress=True, measure=measure_products):
+def machine_busy(load=None, cores=None):
+    "Whether the machine is too busy to time products: a 1-minute load average (`loadavg`, or `load`) of at least half its cores (False where the system does not say)."
+    load = loadavg() if load is None else load
+    return bool(load) and load[0] >= (cores or os.cpu_count() or 1) / 2
+
+def product_choice(*models, lean=True, refresh=False, progress=True, measure=measure_products, busy=machine_busy):
     """Which product, the kernel's or `F.linear`, runs each weight shape and row count of the float32 CPU `models` (None
     skipped) on this machine: read from the cache, else measured (`measure`, seconds on a quiet CPU) and cached; installed
     with `set_products` and returned as `{(N, K): the row counts of CHOICE_ROWS that go to F.linear}` (empty: the kernel
-    everywhere, and always where the kernel is not built)."""
+    everywhere, and always where the kernel is not built). A machine that is `busy()` before or after the measurement
+    keeps the kernel everywhere, for this process, and caches nothing: under load the threads' waits, not the products,
+    would be timed."""
     fp = products_fingerprint(*models, lean=lean)
     if fp is None: return {}
     ms, path = _chosen_models(models), products_path(fp)
+    kernel = {(n, k): [] for n, k, _ in fp['shapes']}
     choice = None if refresh else _read_choice(path, fp)
+    if choice is None and busy(): choice = kernel
     if choice is None:
-        writable = costs_writable(path.parent)
+        writable = costs_writable(path.parent, warn=False)
         if writable: path.parent.mkdir(parents=True, exist_ok=True)
         with _measuring_lock(path.parent if writable else None, progress):
             _CHOSEN.pop(str(path), None)
             choice = None if refresh else _read_choice(path, fp)           # measured meanwhile by the process it waited for
             if choice is None:
-                if progress: print(f"dyspec: timing the few-row kernel against PyTorch's product for each weight shape, once (cached in {path}) ...", file=sys.stderr, flush=True)
+                if progress: print("dyspec: timing the few-row kernel against PyTorch's product for each weight shape, once "
+                                   + (f"(cached in {path}) ..." if writable else "(not cached: the cache folder takes no file) ..."), file=sys.stderr, flush=True)
                 t0, load = time.perf_counter(), loadavg()
                 choice, seconds = measure([w for m in ms for w in product_weights(m, lean)])
                 rec = dict(fingerprint=fp, choice=[[n, k, rows] for (n, k), rows in sorted(choice.items())], measured_at=datetime.now().astimezone().isoformat(timespec='seconds'),
                            load=dict(before=load, after=loadavg()), seconds={name: {f'{n}x{k}': {str(r): v for r, v in d.items()} for (n, k), d in per.items()} for name, per in seconds.items()})
-                if writable:
-                    try: write_whole(path, json.dumps(rec, indent=1)); _CHOSEN[str(path)] = choice
-                    except OSError as e: warnings.warn(f"cannot write the product choice {path} ({e.strerror or e}): kept in memory only", RuntimeWarning, stacklevel=2)
-                if progress:
-                    torch_at = {s: r for s, r in choice.items() if r}
-                    print(f"dyspec: measured in {time.perf_counter() - t0:.1f} s: " + ('the kernel is the faster at every shape' if not torch_at else
-                          'PyTorch is faster for ' + '; '.join(f"{n}x{k} at {', '.join(map(str, r))} rows" for (n, k), r in sorted(torch_at.items()))),
-                          file=sys.stderr, flush=True)
+                torch_at = {s: r for s, r in choice.items() if r}
+                if busy():
+                    choice, said = kernel, f"the machine grew busy (load {loadavg()}): the kernel everywhere for now, nothing cached"
+                else:
+                    said = ('the kernel is the faster at every shape' if not torch_at else
+                            'PyTorch is faster for ' + '; '.join(f"{n}x{k} at {', '.join(map(str, r))} rows" for (n, k), r in sorted(torch_at.items())))
+                    if writable:
+                        try: write_whole(path, json.dumps(rec, indent=1)); _CHOSEN[str(path)] = choice
+                        except OSError as e: warnings.warn(f"cannot write the product choice {path} ({e.strerror or e}): kept in memory only", RuntimeWarning, stacklevel=2)
+                if progress: print(f"dyspec: measured in {time.perf_counter() - t0:.1f} s: {said}", file=sys.stderr, flush=True)
     set_products(choice)
     return {s: r for s, r in choice.items() if r}
 
