@@ -5,8 +5,8 @@
 # %% auto #0
 __all__ = ['PHASES', 'AUTO_CAP', 'DEVICE_OPTIONS', 'DEVICE_AUTO_BUDGETS', 'DEVICE_AUTO_DEPTHS', 'DEVICE_PROBE_STEPS',
            'PROBE_EVERY', 'DRAFT_TEMPERATURE', 'StepRecord', 'StepTrace', 'GenerationStats', 'GenerationOutput',
-           'SpecDecoder', 'decode_step', 'root_call_pays', 'compare_methods', 'methods_markdown', 'continuation',
-           'teacher_forced_rows']
+           'SpecDecoder', 'decode_step', 'root_call_pays', 'read_buffers', 'start_read', 'finish_read',
+           'compare_methods', 'methods_markdown', 'continuation', 'teacher_forced_rows']
 
 # %% ../nbs/api/08_engine.ipynb #66171767
 import time
@@ -238,6 +238,7 @@ class SpecDecoder:
             self.costs = (costs or cost_model(target, draft, small_linear, lean=lean)) if self.auto else None   # after the checks: may measure
             if self.auto: self.options = dict(options, costs=self.costs.step_costs(budget))
         self.kernel = not static and self.step == 'host' and (attention == 'triton' or (attention == 'auto' and input_device(target).type == 'cuda' and kernel_verified() and kernel_pays()))
+        self.read_late = input_device(target).type == 'cuda'                # step='device': read each step after queuing the next (CUDA); a CPU runs a step before the next begins
         if self.kernel: register_tree_attention(target)     # the target verifies trees with the block-sparse kernel, in DFS order
 
 def _budget_label(self: SpecDecoder):
@@ -450,8 +451,28 @@ def _device_probe(self: SpecDecoder, seq, room, **step_kw):
 
 SpecDecoder.device_step, SpecDecoder.device_probe = _device_step, _device_probe
 
+def read_buffers(ds):
+    "Two `(host LongTensor[D + 4], event)` pairs for reading `ds`'s steps one late: pinned memory and a CUDA event on CUDA, plain tensors and None elsewhere."
+    cuda = ds.device.type == 'cuda'
+    return [(torch.empty(ds.D + 4, dtype=torch.long, pin_memory=cuda), torch.cuda.Event() if cuda else None) for _ in range(2)]
+
+def start_read(out, buf):
+    "Start reading a step's output `out` (LongTensor[D + 4] on the device) into `buf` (`read_buffers`) without waiting for it: on CUDA a copy behind the step on its stream, and the event after it; `buf`."
+    host, event = buf
+    host.copy_(out, non_blocking=event is not None)
+    if event is not None: event.record()
+    return buf
+
+def finish_read(buf):
+    "The step's output read by `start_read`, as a list, once its copy has landed."
+    host, event = buf
+    if event is not None: event.synchronize()
+    return host.tolist()
+
 def _device_generate(self: SpecDecoder, seq, max_new_tokens, sampling, draft_temperature, seed, eos, emit, stats):
-    "`generate`'s loop for step='device': one `DeviceStep.step` and one read back to the host per step; the new tokens (a list)."
+    """`generate`'s loop for step='device': one `DeviceStep.step` and one read back to the host per step; the new tokens (a
+    list). With `read_late` (on CUDA) each step is read after the next one is queued, so that the GPU runs a step while
+    the host reads and streams the one before; the step queued past the last is dropped."""
     draws = self.options.get('draws')
     if draft_temperature == 0:                                                  # as the host step: top draws, estimated at the default temperature
         if draws == 'sample': raise ValueError("draws='sample' draws from the draft's rows, and at draft_temperature=0 a row holds one token: give a draft temperature above 0, or draws='top'")
@@ -459,19 +480,26 @@ def _device_generate(self: SpecDecoder, seq, max_new_tokens, sampling, draft_tem
     ctx, D = min(_context(self.target), _context(self.draft)), max(d or _device_shape(self.method, b, self.options, _vocab_size(self.target))[2] for b, d in (self.device_settings if self.auto else ((self.budget, None),)))
     if len(seq) + max_new_tokens + D > ctx:
         raise ValueError(f"the prompt ({len(seq)} tokens), max_new_tokens ({max_new_tokens}) and a tree {D} deep exceed the context of {ctx} positions")
-    room = len(seq) + max_new_tokens + self.budget + 1
+    late = self.read_late and len(seq) + max_new_tokens + 2 * (D + 1) + self.budget + 1 <= ctx   # room for the step queued past the end
+    room = len(seq) + max_new_tokens + self.budget + 1 + ((D + 1) + self.budget + 1 if late else 0)
     if self.auto and self.device_budget is None: self.device_probe(seq, room, draws=draws, draft_temperature=draft_temperature, **sampling)   # the first call measures
     ds = self.device_step(room)
     g = torch.Generator(device=ds.device)
     g.manual_seed(torch.seed() if seed is None else seed)
+    step = lambda: ds.step(draws=draws, draft_temperature=draft_temperature, generator=g, **sampling)
     t0 = time.perf_counter()
     with use_small_linear(self.target, self.small_linear), use_small_linear(self.draft, self.small_linear):
         ds.start(seq)
         stats.prefill = time.perf_counter() - t0
-        new = []
+        new, bufs = [], read_buffers(ds) if late else None
+        pending = start_read(step(), bufs[0]) if late else None
         while len(new) < max_new_tokens:
             t0 = time.perf_counter()
-            k, n, depth, *toks = ds.step(draws=draws, draft_temperature=draft_temperature, generator=g, **sampling).tolist()   # the step's one read
+            if late:                                                            # the next step queued, then this one read
+                queued = start_read(step(), bufs[(len(stats.records) + 1) % 2])
+                k, n, depth, *toks = finish_read(pending)
+                pending = queued
+            else: k, n, depth, *toks = step().tolist()                          # the step's one read
             out = _until_eos(toks[:k], eos, max_new_tokens - len(new))
             new += out
             stats.records.append(StepRecord(tree_size=n, depth=depth, accepted=min(k - 1, len(out)), emitted=len(out),

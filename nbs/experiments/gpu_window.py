@@ -127,6 +127,8 @@ def table(dt, extra=(), keep=None):
         o = o[0] if o else {}
         calls[f"{m} b{b}{''.join(f' {k} {v}' for k, v in o.items())}, device"] = engine(SpecDecoder(target, head, m, budget=b, step='device', **o))
     calls['dyspec default, device'] = engine(SpecDecoder(target, head, 'dyspec', budget='auto', step='device'))   # budget measured on the first call
+    at_once = SpecDecoder(target, head, 'dyspec', budget=32, step='device'); at_once.read_late = False   # the device rows read a step late on CUDA
+    calls['dyspec b32, device, read at once'] = engine(at_once)
     eager = SpecDecoder(target, head, 'dyspec', budget=8, step='device')        # the device step uncaptured: its launches, one read
     eager._device = DeviceStep(target, head, 'dyspec', 8, capacity=1024, graphs=False)
     calls['dyspec b8, device uncaptured'] = engine(eager)
