@@ -5,7 +5,8 @@
 # %% auto #0
 __all__ = ['DEVICE_METHODS', 'FIXED_SHAPES', 'ancestors', 'rank_order', 'DeviceTree', 'gumbel_noise', 'inverse_cdf',
            'draw_children', 'frontier_tree', 'pack_tree', 'fixed_shape', 'shape_plan', 'shape_tree', 'children_table',
-           'greedy_verify', 'sample_verify', 'frontier_shape', 'adapt_threshold', 'device_shape', 'DeviceStep']
+           'greedy_verify', 'sample_verify', 'frontier_shape', 'adapt_threshold', 'device_shape', 'graph_step',
+           'DeviceStep', 'DevicePlain']
 
 # %% ../nbs/api/07e_device_step.ipynb #08fe5322
 import math
@@ -288,6 +289,21 @@ def device_shape(method, budget, vocab, width=None, children=None, depth=None, k
     plan = shape_plan(parents, budget + 1)
     return plan['W'], plan['K'], plan['D'], parents
 
+def graph_step(step, key, inputs, run, state):
+    """`run(**inputs)`, one step of `step` (a `DeviceStep` or `DevicePlain`) in its `graphs` mode: at once when eager;
+    else on buffers kept per `key` (what a graph bakes in) in `step.runs`, `inputs` (tensors or None) copied in, as a CUDA
+    graph captured on first use (its warm-up runs undo what a step changes in place, the tensors `state`) or its CPU
+    stand-in ('emulate'). A capture records the step without running it."""
+    if step.graphs is False: return run(**inputs)
+    buf = step.runs.get(key)
+    if buf is None: buf = step.runs[key] = dict(inputs, graph=None, out=None)
+    else:
+        for name, x in inputs.items():
+            if x is not None: buf[name].copy_(x)
+    saved = [t.clone() for t in state] if buf['graph'] is None and step.graphs is True else None
+    reset = lambda: [t.copy_(v) for t, v in zip(state, saved)]
+    return run_bucket(step.graphs, buf, lambda: run(**{n: buf[n] for n in inputs}), step.device, reset)
+
 class DeviceStep:
     """Speculative decoding of a Llama-architecture `target` with its feature `head`, the whole step in tensor code on
     the target's device: the head's calls, the tree (`frontier_tree`, or `shape_tree` for a fixed shape), the
@@ -367,18 +383,9 @@ class DeviceStep:
         then the D + 1 emitted tokens padded with -1 (under graphs, the graph's own output: read it before the next step).
         The tree is kept as `last_tree`."""
         noise, u = self.randomness(temperature, draws, generator)
-        if self.graphs is False: return self.run(noise, u, temperature, top_p, top_k, draft_temperature)
-        key = (noise is None, temperature, top_p, top_k, draft_temperature)          # what a graph bakes in
-        buf = self.runs.get(key)
-        if buf is None: buf = self.runs[key] = dict(noise=noise, u=u, graph=None, out=None)
-        else:
-            for name, x in (('noise', noise), ('u', u)):
-                if x is not None: buf[name].copy_(x)
-        run = lambda: self.run(buf['noise'], buf['u'], temperature, top_p, top_k, draft_temperature)
-        state = (self.r, self.k, self.emitted, self.tfeat, self.thr)                 # what a step changes in place: warm-up runs undo it
-        saved = [t.clone() for t in state] if buf['graph'] is None and self.graphs is True else None
-        reset = lambda: [t.copy_(v) for t, v in zip(state, saved)]
-        return run_bucket(self.graphs, buf, run, self.device, reset)             # a capture records the step without running it
+        return graph_step(self, (noise is None, temperature, top_p, top_k, draft_temperature), dict(noise=noise, u=u),
+                          lambda noise, u: self.run(noise, u, temperature, top_p, top_k, draft_temperature),
+                          (self.r, self.k, self.emitted, self.tfeat, self.thr))
 
     def run(self, noise, u, temperature=0.0, top_p=1.0, top_k=0, draft_temperature=0.6):
         "`step` on the given random numbers (`randomness`): tensor code only, what a CUDA graph captures or `torch.compile` compiles."
@@ -420,3 +427,46 @@ class DeviceStep:
         self.emitted.copy_(toks); self.k.copy_(n[None]); self.r.add_(n)
         self.last_tree = tree
         return torch.cat([n[None], tree.valid.sum()[None] - 1, torch.where(tree.valid, depth, 0).max()[None], toks])
+
+# %% ../nbs/api/07e_device_step.ipynb #d3a1c0df
+class DevicePlain:
+    """Plain decoding of a Llama-architecture `target`, each step in tensor code on its device: one token's forward on a
+    static cache, the token taken there, the cache's length kept in a tensor. `step()` returns `DeviceStep.step`'s layout
+    for one token, its only read back to the host; with `graphs` (default: on CUDA) each setting is one CUDA graph."""
+    D, N = 0, 1                                                                      # no draft calls; one node, the root
+    def __init__(self, target, capacity=1024, graphs=None):
+        if not lean_supported(target): raise ValueError("the device step needs the lean forward: a Llama-architecture target on SDPA attention")
+        self.target, self.capacity, self.device = target, capacity, input_device(target)
+        self.graphs = graph_mode(graphs, self.device, 'target')
+        self.tcache = StaticCache(target, capacity, buckets=(1,), graphs=False)
+        self.r = torch.zeros(1, dtype=torch.long, device=self.device)                # [1]: the root's position, the target's cached count
+        self.last = torch.zeros(1, dtype=torch.long, device=self.device)             # [1]: the root, the last token emitted
+        self.runs = {}                                                               # a step's settings -> its buffers (and graph)
+
+    def start(self, prompt):
+        "Fill the cache with `prompt` (a list of ids) but its last token, the first step's root; the state is written in place."
+        L = len(prompt)
+        if not 1 <= L <= self.capacity - 1: raise ValueError(f"a prompt of {L} tokens does not fit a capacity of {self.capacity}")
+        self.tcache.n = 0
+        if L > 1: prefill(self.target, torch.tensor(prompt[:-1]), self.tcache)
+        self.r.fill_(L - 1); self.last.fill_(prompt[-1])
+
+    def randomness(self, temperature=0.0, draws=None, generator=None):
+        "`(None, u)`: no draft noise, and the step's uniform [1] (float64) at T > 0, None at T = 0; drawn on the device."
+        return None, None if temperature == 0 else torch.rand(1, generator=generator, device=self.device, dtype=torch.float64)
+
+    def run(self, noise, u, temperature=0.0, top_p=1.0, top_k=0, draft_temperature=None):
+        "`step` on the given uniform: tensor code only, what a CUDA graph captures."
+        cols = torch.arange(self.tcache.k.shape[2], device=self.device)
+        buf = dict(ids=self.last, pos=self.r, slots=self.r, mask=additive_mask((cols <= self.r)[None], self.target.dtype))
+        logits, _ = static_forward(self.target, self.tcache, buf)                    # [1, V]
+        if temperature == 0: tok = logits[0].argmax(-1, keepdim=True)              # [1]
+        else: tok = inverse_cdf(sampling_probs(logits.float(), temperature, top_p, top_k)[0].double(), u)
+        self.last.copy_(tok); self.r.add_(1)
+        one = torch.ones(1, dtype=torch.long, device=self.device)
+        return torch.cat([one, one - 1, one - 1, tok])                               # [4]: one token, no tree, depth 0, the token
+
+    def step(self, temperature=0.0, top_p=1.0, top_k=0, draft_temperature=None, draws=None, generator=None):
+        "One token: LongTensor[4] on the device, as `DeviceStep.step`'s for one token (under graphs, the graph's own output: read it before the next step)."
+        _, u = self.randomness(temperature, generator=generator)
+        return graph_step(self, (temperature, top_p, top_k), dict(u=u), lambda u: self.run(None, u, temperature, top_p, top_k), (self.r, self.last))

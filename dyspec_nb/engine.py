@@ -23,7 +23,7 @@ from .static import StaticCache, BUCKETS
 from .cost import CostModel, cost_model, product_choice
 from .head import HeadSession, HeadCache, StaticHeadCache, is_head, check_head_target, unrolled_logits
 from .forward import layer_states
-from .device_step import DeviceStep, DEVICE_METHODS, device_shape
+from .device_step import DeviceStep, DevicePlain, DEVICE_METHODS, device_shape
 
 # %% ../nbs/api/08_engine.ipynb #aa9a1d48
 @dataclass
@@ -127,12 +127,13 @@ DEVICE_AUTO_DEPTHS = (None, 4)      # ... each at the builder's depth (None) and
 DEVICE_PROBE_STEPS = 8              # ... each for this many captured steps
 
 def _device_refusal(target, draft, method, budget, auto, static, attention, options):
-    "Why the device step cannot run this decoder's setting (a sentence), or None: it builds `DEVICE_METHODS` with a feature head on a lean target."
-    if method not in DEVICE_METHODS: return f"step='device' builds {', '.join(DEVICE_METHODS)}, not {method!r}"
-    if not is_head(draft): return "step='device' drafts with a feature head (07c_head): load the pair with draft='head'"
+    "Why the device step cannot run this decoder's setting (a sentence), or None: it builds `DEVICE_METHODS` with a feature head on a lean target, and decodes plainly (`DevicePlain`) on one."
+    if method not in DEVICE_METHODS + ('autoregressive',): return f"step='device' builds {', '.join(DEVICE_METHODS)} and decodes autoregressively, not {method!r}"
+    if method != 'autoregressive' and not is_head(draft): return "step='device' drafts with a feature head (07c_head): load the pair with draft='head'"
     if not lean_supported(target): return "step='device' needs the lean forward: a Llama-architecture target on SDPA attention"
     if static: return "step='device' runs on fixed shapes already: leave static=False"
     if attention == 'triton': return "step='device' verifies with the lean forward's attention, not attention='triton'"
+    if method == 'autoregressive': return None
     bad = sorted(set(options) - set(DEVICE_OPTIONS))
     if bad: return f"step='device' takes the builder options {', '.join(DEVICE_OPTIONS)}, not {', '.join(bad)}"
     if 'fill' in options and method != 'dyspec_adaptive': return f"fill= is dyspec_adaptive's option, not {method}'s"
@@ -421,7 +422,8 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
 SpecDecoder.generate = _generate
 
 def _new_device_step(self: SpecDecoder, budget, capacity, depth=None):
-    "A `DeviceStep` of the decoder's method and options at `budget` draft tokens (and `depth` draft calls, if given), `capacity` positions."
+    "A `DeviceStep` of the decoder's method and options at `budget` draft tokens (and `depth` draft calls, if given), `capacity` positions; `DevicePlain` for autoregressive decoding."
+    if self.method == 'autoregressive': return DevicePlain(self.target, capacity=capacity)
     return DeviceStep(self.target, self.draft, self.method, budget, capacity=capacity, **(_device_kwargs(self.method, self.options) | ({'depth': depth} if depth else {})))
 
 def _device_step(self: SpecDecoder, room):
@@ -477,11 +479,14 @@ def _device_generate(self: SpecDecoder, seq, max_new_tokens, sampling, draft_tem
     if draft_temperature == 0:                                                  # as the host step: top draws, estimated at the default temperature
         if draws == 'sample': raise ValueError("draws='sample' draws from the draft's rows, and at draft_temperature=0 a row holds one token: give a draft temperature above 0, or draws='top'")
         draws, draft_temperature = 'top', DRAFT_TEMPERATURE
-    ctx, D = min(_context(self.target), _context(self.draft)), max(d or _device_shape(self.method, b, self.options, _vocab_size(self.target))[2] for b, d in (self.device_settings if self.auto else ((self.budget, None),)))
+    plain = self.method == 'autoregressive'                                     # DevicePlain: no tree, no draft
+    ctx = min(_context(self.target), _context(self.draft) if self.draft is not None else 1 << 30)
+    D = 0 if plain else max(d or _device_shape(self.method, b, self.options, _vocab_size(self.target))[2] for b, d in (self.device_settings if self.auto else ((self.budget, None),)))
+    budget = 0 if plain else self.budget
     if len(seq) + max_new_tokens + D > ctx:
         raise ValueError(f"the prompt ({len(seq)} tokens), max_new_tokens ({max_new_tokens}) and a tree {D} deep exceed the context of {ctx} positions")
-    late = self.read_late and len(seq) + max_new_tokens + 2 * (D + 1) + self.budget + 1 <= ctx   # room for the step queued past the end
-    room = len(seq) + max_new_tokens + self.budget + 1 + ((D + 1) + self.budget + 1 if late else 0)
+    late = self.read_late and len(seq) + max_new_tokens + 2 * (D + 1) + budget + 1 <= ctx   # room for the step queued past the end
+    room = len(seq) + max_new_tokens + budget + 1 + ((D + 1) + budget + 1 if late else 0)
     if self.auto and self.device_budget is None: self.device_probe(seq, room, draws=draws, draft_temperature=draft_temperature, **sampling)   # the first call measures
     ds = self.device_step(room)
     g = torch.Generator(device=ds.device)

@@ -120,6 +120,7 @@ def table(dt, extra=(), keep=None):
     calls.update(extra)
     def engine(dec): return lambda ids: (lambda o: (o.tokens.tolist(), o.stats))(dec.generate(ids, max_new_tokens=NEW))
     calls['engine autoregressive, static'] = engine(SpecDecoder(target, None, 'autoregressive', static=True))
+    calls['engine autoregressive, device'] = engine(SpecDecoder(target, None, 'autoregressive', step='device'))   # DevicePlain, read late
     calls['dyspec default, static'] = engine(SpecDecoder(target, head, 'dyspec', budget='auto', static=True))
     for m, b in (('dyspec', 8), ('chain', 4)):
         calls[f'{m} b{b}, static'] = engine(SpecDecoder(target, head, m, budget=b, static=True))
