@@ -5,8 +5,8 @@
 # %% auto #0
 __all__ = ['PHASES', 'AUTO_CAP', 'DEVICE_OPTIONS', 'DEVICE_AUTO_BUDGETS', 'DEVICE_AUTO_DEPTHS', 'DEVICE_PROBE_STEPS',
            'PROBE_EVERY', 'DRAFT_TEMPERATURE', 'StepRecord', 'StepTrace', 'GenerationStats', 'GenerationOutput',
-           'SpecDecoder', 'decode_step', 'root_call_pays', 'read_buffers', 'start_read', 'finish_read',
-           'compare_methods', 'methods_markdown', 'continuation', 'teacher_forced_rows']
+           'SpecDecoder', 'decode_step', 'root_call_pays', 'compare_methods', 'methods_markdown', 'continuation',
+           'teacher_forced_rows']
 
 # %% ../nbs/api/08_engine.ipynb #66171767
 import time
@@ -453,20 +453,20 @@ def _device_probe(self: SpecDecoder, seq, room, **step_kw):
 
 SpecDecoder.device_step, SpecDecoder.device_probe = _device_step, _device_probe
 
-def read_buffers(ds):
+def _read_buffers(ds):
     "Two `(host LongTensor[D + 4], event)` pairs for reading `ds`'s steps one late: pinned memory and a CUDA event on CUDA, plain tensors and None elsewhere."
     cuda = ds.device.type == 'cuda'
     return [(torch.empty(ds.D + 4, dtype=torch.long, pin_memory=cuda), torch.cuda.Event() if cuda else None) for _ in range(2)]
 
-def start_read(out, buf):
-    "Start reading a step's output `out` (LongTensor[D + 4] on the device) into `buf` (`read_buffers`) without waiting for it: on CUDA a copy behind the step on its stream, and the event after it; `buf`."
+def _start_read(out, buf):
+    "Start reading a step's output `out` (LongTensor[D + 4] on the device) into `buf` (`_read_buffers`) without waiting for it: on CUDA a copy behind the step on its stream, and the event after it; `buf`."
     host, event = buf
     host.copy_(out, non_blocking=event is not None)
     if event is not None: event.record()
     return buf
 
-def finish_read(buf):
-    "The step's output read by `start_read`, as a list, once its copy has landed."
+def _finish_read(buf):
+    "The step's output read by `_start_read`, as a list, once its copy has landed."
     host, event = buf
     if event is not None: event.synchronize()
     return host.tolist()
@@ -496,13 +496,13 @@ def _device_generate(self: SpecDecoder, seq, max_new_tokens, sampling, draft_tem
     with use_small_linear(self.target, self.small_linear), use_small_linear(self.draft, self.small_linear):
         ds.start(seq)
         stats.prefill = time.perf_counter() - t0
-        new, bufs = [], read_buffers(ds) if late else None
-        pending = start_read(step(), bufs[0]) if late else None
+        new, bufs = [], _read_buffers(ds) if late else None
+        pending = _start_read(step(), bufs[0]) if late else None
         while len(new) < max_new_tokens:
             t0 = time.perf_counter()
             if late:                                                            # the next step queued, then this one read
-                queued = start_read(step(), bufs[(len(stats.records) + 1) % 2])
-                k, n, depth, *toks = finish_read(pending)
+                queued = _start_read(step(), bufs[(len(stats.records) + 1) % 2])
+                k, n, depth, *toks = _finish_read(pending)
                 pending = queued
             else: k, n, depth, *toks = step().tolist()                          # the step's one read
             out = _until_eos(toks[:k], eos, max_new_tokens - len(new))
