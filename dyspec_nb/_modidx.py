@@ -135,6 +135,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'dyspec_nb.cost._chosen_models': ('api/cost.html#_chosen_models', 'dyspec_nb/cost.py'),
                                 'dyspec_nb.cost._curve': ('api/cost.html#_curve', 'dyspec_nb/cost.py'),
                                 'dyspec_nb.cost._differs': ('api/cost.html#_differs', 'dyspec_nb/cost.py'),
+                                'dyspec_nb.cost._measure_choice': ('api/cost.html#_measure_choice', 'dyspec_nb/cost.py'),
                                 'dyspec_nb.cost._measuring_lock': ('api/cost.html#_measuring_lock', 'dyspec_nb/cost.py'),
                                 'dyspec_nb.cost._read_choice': ('api/cost.html#_read_choice', 'dyspec_nb/cost.py'),
                                 'dyspec_nb.cost._slow_text': ('api/cost.html#_slow_text', 'dyspec_nb/cost.py'),

@@ -66,7 +66,7 @@ def cost_fingerprint(target, draft, small_linear=True, prefix=200, lean=True):
     fp = dict(machine=machine_fingerprint(input_device(target)), target=model_fingerprint(target), draft=model_fingerprint(draft),
               small_linear=bool(small_linear), lean=bool(lean), prefix=prefix)
     if small_linear:
-        mine = {s for m in (target, draft) if input_device(m).type == 'cpu' and m.dtype == torch.float32 for s, _ in product_shapes(m, lean)}
+        mine = {s for m in _chosen_models((target, draft)) for s, _ in product_shapes(m, lean)}
         fp['products'] = [[n, k, rows] for (n, k), rows in sorted(products_set().items()) if (n, k) in mine]
     return fp
 
@@ -368,6 +368,26 @@ def machine_busy(load=None, cores=None):
     load = loadavg() if load is None else load
     return bool(load) and load[0] >= (cores or os.cpu_count() or 1) / 2
 
+def _measure_choice(ms, fp, path, writable, lean, measure, busy, progress):
+    "Measure the product choice of the models `ms` (fingerprint `fp`) and cache it in `path` if `writable`; None when the machine grew `busy()` meanwhile."
+    if progress: print("dyspec: timing the few-row kernel against PyTorch's product for each weight shape, once "
+                       + (f"(cached in {path}) ..." if writable else "(not cached: the cache folder takes no file) ..."), file=sys.stderr, flush=True)
+    t0, load = time.perf_counter(), loadavg()
+    choice, seconds = measure([w for m in ms for w in product_weights(m, lean)])
+    if busy():
+        if progress: print(f"dyspec: the machine grew busy (load {loadavg()}): the kernel everywhere for now, nothing cached", file=sys.stderr, flush=True)
+        return None
+    if writable:
+        rec = dict(fingerprint=fp, choice=[[n, k, rows] for (n, k), rows in sorted(choice.items())], measured_at=datetime.now().astimezone().isoformat(timespec='seconds'),
+                   load=dict(before=load, after=loadavg()), seconds={name: {f'{n}x{k}': {str(r): v for r, v in d.items()} for (n, k), d in per.items()} for name, per in seconds.items()})
+        try: write_whole(path, json.dumps(rec, indent=1)); _CHOSEN[str(path)] = choice
+        except OSError as e: warnings.warn(f"cannot write the product choice {path} ({e.strerror or e}): kept in memory only", RuntimeWarning, stacklevel=3)
+    if progress:
+        won = sorted((s, r) for s, r in choice.items() if r)
+        print(f"dyspec: measured in {time.perf_counter() - t0:.1f} s: " + ('PyTorch is faster for ' + '; '.join(f"{n}x{k} at {', '.join(map(str, r))} rows" for (n, k), r in won)
+              if won else 'the kernel is the faster at every shape'), file=sys.stderr, flush=True)
+    return choice
+
 def product_choice(*models, lean=True, refresh=False, progress=True, measure=measure_products, busy=machine_busy):
     """Which product, the kernel's or `F.linear`, runs each weight shape and row count of the float32 CPU `models` (None
     skipped) on this machine: read from the cache, else measured (`measure`, seconds on a quiet CPU) and cached; installed
@@ -377,33 +397,16 @@ def product_choice(*models, lean=True, refresh=False, progress=True, measure=mea
     would be timed."""
     fp = products_fingerprint(*models, lean=lean)
     if fp is None: return {}
-    ms, path = _chosen_models(models), products_path(fp)
-    kernel = {(n, k): [] for n, k, _ in fp['shapes']}
+    path = products_path(fp)
     choice = None if refresh else _read_choice(path, fp)
-    if choice is None and busy(): choice = kernel
-    if choice is None:
+    if choice is None and not busy():
         writable = costs_writable(path.parent, warn=False)
         if writable: path.parent.mkdir(parents=True, exist_ok=True)
         with _measuring_lock(path.parent if writable else None, progress):
             _CHOSEN.pop(str(path), None)
             choice = None if refresh else _read_choice(path, fp)           # measured meanwhile by the process it waited for
-            if choice is None:
-                if progress: print("dyspec: timing the few-row kernel against PyTorch's product for each weight shape, once "
-                                   + (f"(cached in {path}) ..." if writable else "(not cached: the cache folder takes no file) ..."), file=sys.stderr, flush=True)
-                t0, load = time.perf_counter(), loadavg()
-                choice, seconds = measure([w for m in ms for w in product_weights(m, lean)])
-                rec = dict(fingerprint=fp, choice=[[n, k, rows] for (n, k), rows in sorted(choice.items())], measured_at=datetime.now().astimezone().isoformat(timespec='seconds'),
-                           load=dict(before=load, after=loadavg()), seconds={name: {f'{n}x{k}': {str(r): v for r, v in d.items()} for (n, k), d in per.items()} for name, per in seconds.items()})
-                torch_at = {s: r for s, r in choice.items() if r}
-                if busy():
-                    choice, said = kernel, f"the machine grew busy (load {loadavg()}): the kernel everywhere for now, nothing cached"
-                else:
-                    said = ('the kernel is the faster at every shape' if not torch_at else
-                            'PyTorch is faster for ' + '; '.join(f"{n}x{k} at {', '.join(map(str, r))} rows" for (n, k), r in sorted(torch_at.items())))
-                    if writable:
-                        try: write_whole(path, json.dumps(rec, indent=1)); _CHOSEN[str(path)] = choice
-                        except OSError as e: warnings.warn(f"cannot write the product choice {path} ({e.strerror or e}): kept in memory only", RuntimeWarning, stacklevel=2)
-                if progress: print(f"dyspec: measured in {time.perf_counter() - t0:.1f} s: {said}", file=sys.stderr, flush=True)
+            if choice is None: choice = _measure_choice(_chosen_models(models), fp, path, writable, lean, measure, busy, progress)
+    if choice is None: choice = {(n, k): [] for n, k, _ in fp['shapes']}   # busy: the kernel everywhere, for now
     set_products(choice)
     return {s: r for s, r in choice.items() if r}
 

@@ -103,7 +103,8 @@ def _vocab_size(model):
     return out.weight.shape[0] if out is not None else model.config.vocab_size
 
 def _context(model):
-    return getattr(model.config, 'max_position_embeddings', None) or 1 << 30
+    "The positions `model` takes (no limit for no model, or one that does not say)."
+    return (model is not None and getattr(model.config, 'max_position_embeddings', None)) or 1 << 30
 
 def _eos_ids(model, eos_token_id):
     e = eos_token_id if eos_token_id is not None else model.generation_config.eos_token_id
@@ -357,7 +358,7 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
     seq = _as_prompt(input_ids)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-    ctx = min(_context(self.target), _context(self.draft) if self.draft is not None else 1 << 30)
+    ctx = min(_context(self.target), _context(self.draft))
     if len(seq) + max_new_tokens > ctx:
         raise ValueError(f"the prompt ({len(seq)} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the context of {ctx} positions")
     V = _vocab_size(self.target)
@@ -480,7 +481,7 @@ def _device_generate(self: SpecDecoder, seq, max_new_tokens, sampling, draft_tem
         if draws == 'sample': raise ValueError("draws='sample' draws from the draft's rows, and at draft_temperature=0 a row holds one token: give a draft temperature above 0, or draws='top'")
         draws, draft_temperature = 'top', DRAFT_TEMPERATURE
     plain = self.method == 'autoregressive'                                     # DevicePlain: no tree, no draft
-    ctx = min(_context(self.target), _context(self.draft) if self.draft is not None else 1 << 30)
+    ctx = min(_context(self.target), _context(self.draft))
     D = 0 if plain else max(d or _device_shape(self.method, b, self.options, _vocab_size(self.target))[2] for b, d in (self.device_settings if self.auto else ((self.budget, None),)))
     budget = 0 if plain else self.budget
     if len(seq) + max_new_tokens + D > ctx:
