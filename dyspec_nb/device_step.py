@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 import torch
 from .tree import WITH_REPLACEMENT, WITHOUT_REPLACEMENT, DETERMINISTIC, TokenTree
-from .builders import sequoia_shape, specinfer_sizes, DEFAULT_ACCEPTANCE
+from .builders import sequoia_shape, specinfer_sizes, DEFAULT_ACCEPTANCE, OPT_TREE_DELTA, ALWAYS_TOP
 from .verify import sampling_probs
 from .static import StaticCache, static_forward, graph_mode, run_bucket
 from .head import StaticHeadCache, lean_head_layer, head_weights, is_head, check_head_target
@@ -69,12 +69,14 @@ def draw_children(rows, K, mode, noise=None):
 def frontier_tree(root_token, expand, N, W, K, D, *,
                   noise=None,          # FloatTensor[D, W, V]: Gumbel noise, for sampled draws (None: each row's top tokens)
                   layer_only=False,    # expand only the newest layer's best (EAGLE-2), not the best open nodes of any depth
-                  threshold=0.0):      # leave out every slot whose estimated value is below this (Algorithm 2)
+                  threshold=0.0,       # leave out every slot whose estimated value is below this (Algorithm 2)
+                  delta=None):         # no call after one that raised the best N - 1 values' sum by less than this (OPT-Tree's rule); None: all D calls
     """A `DeviceTree` of at most `N` nodes (the root included), grown in `D` draft calls of at most `W` nodes each, `K`
     children per call: each call expands the `W` best open nodes by value; the tree is the `N - 1` best candidates by
     the value of the slot that drew them, ties to the shallower, then the earlier. A call's idle rows (fewer than `W`
-    open nodes) name the pool's last entry, a scratch candidate that never exists. `expand(pool, slots, t)` returns the
-    draft's rows FloatTensor[len(slots), V] (probabilities) of the pool's candidates `slots` at call t (the root's at t = 0)."""
+    open nodes) name the pool's last entry, a scratch candidate that never exists; so do all of a call's rows once `delta`
+    has stopped the growth. `expand(pool, slots, t)` returns the draft's rows FloatTensor[len(slots), V] (probabilities)
+    of the pool's candidates `slots` at call t (the root's at t = 0)."""
     dev = root_token.device if isinstance(root_token, torch.Tensor) else torch.device('cpu')
     mode = DETERMINISTIC if noise is None else WITHOUT_REPLACEMENT
     M = 1 + K * (1 + (D - 1) * W)                                                    # candidates: the root, then K per expanded node
@@ -84,10 +86,11 @@ def frontier_tree(root_token, expand, N, W, K, D, *,
     anc = torch.zeros(M + 1, M + 1, dtype=torch.bool, device=dev)                    # [M + 1, M + 1]: each candidate's ancestors and itself
     tok[0] = root_token; val[0].fill_(1.0); exists[0].fill_(True); anc[0, 0].fill_(True)   # fill_: a Python number copied in is a host copy, refused in a CUDA graph
     rows_all = None                                                                  # [1 + (D - 1) W, V]: the rows of every call
+    grow, e_prev = torch.ones(1, dtype=torch.bool, device=dev), torch.zeros(1, dtype=torch.float64, device=dev)   # [1] each: delta's rule
     for t in range(D):
         if t == 0: slots, live = torch.zeros(1, dtype=torch.long, device=dev), torch.ones(1, dtype=torch.bool, device=dev)
         else:
-            can = exists & ~opened & ((layer == t) if layer_only else True)          # [M]: open slots
+            can = exists & ~opened & ((layer == t) if layer_only else True) & grow   # [M]: open slots
             slots = rank_order(torch.where(can, val, -math.inf), dep)[:W].sort().values   # [W]: the W best, in pool order
             live = can[slots]                                                        # [W]: fewer than W open: the rest are idle,
             slots = torch.where(live, slots, M)                                      # and point at the scratch candidate
@@ -111,6 +114,9 @@ def frontier_tree(root_token, expand, N, W, K, D, *,
         tok[idx], par[idx], dep[idx] = y.flatten(), pi, dep[pi] + 1; layer.index_fill_(0, idx, t + 1)
         val[idx], key[idx], exists[idx] = v.flatten(), k.flatten(), ok.flatten()
         anc[idx] = anc[pi]; anc[idx, idx] = torch.ones_like(idx, dtype=torch.bool)
+        if delta is not None:                                                        # E: the best N - 1 values' sum, OPT-Tree's estimate
+            e = torch.where(exists, val, 0.0)[1:].double().topk(min(N - 1, M)).values.sum()
+            grow = grow & (e - e_prev >= delta); e_prev = e[None]
     fkey = torch.where(exists, key, -math.inf); fkey[0].fill_(-math.inf)                 # the root is always in
     take = rank_order(fkey, dep)[:N - 1]                                             # [N - 1]
     chosen = torch.zeros(M + 1, dtype=torch.bool, device=dev)
@@ -260,13 +266,15 @@ def sample_verify(tree, p, u, K, D):
     return path, toks, k
 
 # %% ../nbs/api/07e_device_step.ipynb #6769b95f
-DEVICE_METHODS = ('dyspec', 'dyspec_threshold', 'dyspec_adaptive', 'eagle2', 'chain', 'sequoia', 'specinfer')
+DEVICE_METHODS = ('dyspec', 'dyspec_threshold', 'dyspec_adaptive', 'eagle2', 'opt_tree', 'chain', 'sequoia', 'specinfer')
 FIXED_SHAPES = ('sequoia', 'specinfer')     # built by `shape_tree`; the others by `frontier_tree`
 
 def frontier_shape(method, budget, width=None, children=None, depth=None):
-    "`(W, K, D)` of a device builder: frontier width, children per expanded node and draft calls, each at most the budget."
+    """`(W, K, D)` of a device builder: frontier width, children per expanded node and draft calls, each at most the
+    budget. OPT-Tree's layers are `budget` wide; its draft calls, a fixed number on the device, default to at most 8
+    (its host builder's `max_depth` defaults to the budget)."""
     if method == 'chain': return 1, 1, budget
-    wide, deep = (10, 8) if method == 'eagle2' else (8, 6)                          # eagle2: EAGLE-2's topk and depth, as its host builder
+    wide, deep = {'eagle2': (10, 8), 'opt_tree': (budget, 8)}.get(method, (8, 6))   # eagle2: EAGLE-2's topk and depth, as its host builder; opt_tree: its layers
     W = min(wide, budget) if width is None else width
     K = min(wide, budget) if children is None else children
     D = min(deep, budget) if depth is None else depth
@@ -311,7 +319,7 @@ class DeviceStep:
     in tensors updated in place. `step()` returns one small tensor, the step's only read back to the host. With `graphs` (default: on CUDA) each setting's
     step is one CUDA graph; 'emulate' runs it eagerly but returns its outputs as a replayed graph does."""
     def __init__(self, target, head, method='dyspec', budget=8, width=None, children=None, depth=None, threshold=None, capacity=1024, graphs=None,
-                 k=None, acceptance=None, max_depth=None, fill=0.9):
+                 k=None, acceptance=None, max_depth=None, fill=0.9, delta=None):
         if method not in DEVICE_METHODS: raise ValueError(f"the device step builds {', '.join(DEVICE_METHODS)}, not {method!r}")
         if not is_head(head): raise ValueError("the device step drafts with a feature head (07c_head)")
         if not lean_supported(target): raise ValueError("the device step needs the lean forward: a Llama-architecture target on SDPA attention")
@@ -323,6 +331,9 @@ class DeviceStep:
         if method == 'dyspec_adaptive' and threshold is not None: raise ValueError("dyspec_adaptive sets its own threshold, step by step: give it fill=, not threshold=")
         if isinstance(fill, bool) or not isinstance(fill, (int, float)) or not 0 < fill <= 1: raise ValueError(f"fill must be in (0, 1], got {fill!r}")
         self.fill = float(fill)
+        if delta is not None and method != 'opt_tree': raise ValueError(f"delta= is opt_tree's option, not {method}'s")
+        self.delta = None if method != 'opt_tree' else OPT_TREE_DELTA if delta is None else float(delta)
+        if self.delta is not None and not self.delta >= 0: raise ValueError(f"delta must be >= 0, got {delta!r}")
         self.capacity, self.device = capacity, input_device(target)
         self.N = budget + 1
         self.plan = None if parents is None else shape_plan(parents, self.N, self.device)   # a fixed shape: its pool is the tree's N slots
@@ -370,8 +381,9 @@ class DeviceStep:
     def randomness(self, temperature=0.0, draws=None, generator=None):
         """`(noise, u)`: one step's noise for random draws (None for top draws: `draws='top'`, the default at T = 0): Gumbel
         noise [D, W, V], or for SpecInfer's draws with replacement uniforms [D, W, K]; and its D K + 1 uniforms for the
-        verifier (None at T = 0); drawn on the device."""
-        top = (temperature == 0) if draws is None else draws == 'top'
+        verifier (None at T = 0); drawn on the device. EAGLE-2 and OPT-Tree always take top draws, as their host builders."""
+        if self.method in ALWAYS_TOP and draws not in (None, 'top'): raise ValueError(f"{self.method} always takes the draft's top tokens: draws={draws!r} is not for it")
+        top = self.method in ALWAYS_TOP or ((temperature == 0) if draws is None else draws == 'top')
         if top: noise = None
         elif self.method == 'specinfer': noise = torch.rand(self.D, self.W, self.K, generator=generator, device=self.device)
         else: noise = gumbel_noise(self.D, self.W, self.head.config.vocab_size, generator, self.device)
@@ -411,8 +423,8 @@ class DeviceStep:
             tree = shape_tree(self.emitted[k - 1][0], expand, self.plan, mode, noise)
         else:
             adaptive = self.method == 'dyspec_adaptive'
-            tree = frontier_tree(self.emitted[k - 1][0], expand, N, W, K, D, noise=noise, layer_only=self.method == 'eagle2',
-                                 threshold=self.thr if adaptive else self.threshold)
+            tree = frontier_tree(self.emitted[k - 1][0], expand, N, W, K, D, noise=noise, layer_only=self.method in ('eagle2', 'opt_tree'),
+                                 threshold=self.thr if adaptive else self.threshold, delta=self.delta)
             if adaptive: self.thr.copy_(adapt_threshold(self.thr, tree.valid.sum() - 1, self.budget, self.fill))
         anc = ancestors(tree.parents); depth = anc.sum(1) - 1                       # [N, N], [N]
         slots, tcols = r + torch.arange(N, device=dev), torch.arange(self.tcache.k.shape[2], device=dev)

@@ -122,7 +122,7 @@ def _capacity(room):
     "The positions of a cache kept from call to call: the next power of two >= `room`, at least 256."
     return max(256, 1 << (room - 1).bit_length())
 
-DEVICE_OPTIONS = ('draws', 'width', 'children', 'depth', 'threshold', 'topk', 'k', 'acceptance', 'max_depth', 'fill')   # what step='device' takes of a builder's options
+DEVICE_OPTIONS = ('draws', 'width', 'children', 'depth', 'threshold', 'topk', 'k', 'acceptance', 'max_depth', 'fill', 'delta')   # what step='device' takes of a builder's options
 DEVICE_AUTO_BUDGETS = (8, 16, 32)   # budget='auto' with the device step: the budgets it measures on the first call,
 DEVICE_AUTO_DEPTHS = (None, 4)      # ... each at the builder's depth (None) and at this many draft calls, unless depth= is given,
 DEVICE_PROBE_STEPS = 8              # ... each for this many captured steps
@@ -138,6 +138,7 @@ def _device_refusal(target, draft, method, budget, auto, static, attention, opti
     bad = sorted(set(options) - set(DEVICE_OPTIONS))
     if bad: return f"step='device' takes the builder options {', '.join(DEVICE_OPTIONS)}, not {', '.join(bad)}"
     if 'fill' in options and method != 'dyspec_adaptive': return f"fill= is dyspec_adaptive's option, not {method}'s"
+    if 'delta' in options and method != 'opt_tree': return f"delta= is opt_tree's option, not {method}'s"
     for b in ([b for b in DEVICE_AUTO_BUDGETS if b <= budget] or [budget]) if auto else [budget]:
         try: _device_shape(method, b, options, _vocab_size(target))            # a frontier or a shape out of range
         except ValueError as e: return str(e)
@@ -156,14 +157,15 @@ def _check_step(step, target, draft, method, budget, auto, static, attention, op
     return 'device' if why is None and (device_type or input_device(target).type) == 'cuda' else 'host'
 
 def _device_kwargs(method, options):
-    "The `DeviceStep` arguments of the decoder's builder options (eagle2's `topk` is its width and children)."
+    "The `DeviceStep` arguments of the decoder's builder options (eagle2's `topk` is its width and children; opt_tree's `max_depth`, its draft calls)."
     o = {n: v for n, v in options.items() if n != 'draws'}                     # draws go to each step, not to its shape
     if method == 'eagle2' and 'topk' in o: o['width'] = o['children'] = o.pop('topk')
+    if method == 'opt_tree' and 'max_depth' in o: o['depth'] = o.pop('max_depth')
     return o
 
 def _device_shape(method, budget, options, vocab):
     "`(W, K, D)` of the device builder for the decoder's options: a `ValueError` for a frontier or a shape out of range."
-    kw = _device_kwargs(method, options); kw.pop('threshold', None); kw.pop('fill', None)
+    kw = {n: v for n, v in _device_kwargs(method, options).items() if n not in ('threshold', 'fill', 'delta')}
     return device_shape(method, budget, vocab, **kw)[:3]
 
 def _check_cap(name, value, context=1 << 30):

@@ -108,7 +108,7 @@ def _():
         res[f'T={T}: graphs output = eager output'] = outs[0] == outs[1]
     return res
 
-DEVICE_SETTINGS = [('dyspec', 8), ('dyspec', 16), ('dyspec', 32), ('chain', 2), ('chain', 4), ('chain', 8), ('eagle2', 16), ('dyspec_threshold', 16),
+DEVICE_SETTINGS = [('dyspec', 8), ('dyspec', 16), ('dyspec', 32), ('chain', 2), ('chain', 4), ('chain', 8), ('eagle2', 16), ('opt_tree', 16), ('dyspec_threshold', 16),
                    ('sequoia', 16), ('specinfer', 16), ('dyspec', 8, dict(depth=4)), ('dyspec', 16, dict(depth=4))]
 
 def table(dt, extra=(), keep=None):
