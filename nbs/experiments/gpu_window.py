@@ -58,7 +58,7 @@ def _():
 from dyspec_nb.models import load_default_pair, hf_generate
 from dyspec_nb.data import mtbench_prompts
 from dyspec_nb.engine import SpecDecoder
-from dyspec_nb.device_step import DeviceStep
+from dyspec_nb.device_step import DeviceStep, DEVICE_METHODS
 from dyspec_nb.builders import draw_mode
 
 def load(dt):
@@ -102,6 +102,10 @@ def _():
     for _ in range(10):
         o, c = count_syncs(lambda: ds.step(generator=g)); o.tolist(); n_sync.append(c)
     res['device step: syncs inside step() over 10 steps'] = n_sync
+    for method in DEVICE_METHODS:                                               # every builder's captured step, greedy and at T = 1
+        for T in (0.0, 1.0):
+            ds = DeviceStep(target, head, method, budget=8, capacity=512); ds.start(p[0].tolist()); ds.step(temperature=T, generator=g)
+            res[f'{method} b8, T={T}: syncs inside step() over 3 steps'] = [count_syncs(lambda: ds.step(temperature=T, generator=g))[1] for _ in range(3)]
     for T in (0.0, 1.0):                                                        # captured = eager
         outs = [device_decode(DeviceStep(target, head, 'dyspec', budget=8, capacity=512, graphs=gr), p[0].tolist(), 48, temperature=T,
                               generator=torch.Generator(device=DEV).manual_seed(3)) for gr in (None, False)]
