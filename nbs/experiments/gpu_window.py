@@ -113,7 +113,8 @@ def _():
     return res
 
 DEVICE_SETTINGS = [('dyspec', 8), ('dyspec', 16), ('dyspec', 32), ('chain', 2), ('chain', 4), ('chain', 8), ('eagle2', 16), ('opt_tree', 16), ('dyspec_threshold', 16),
-                   ('sequoia', 16), ('specinfer', 16), ('dyspec', 8, dict(depth=4)), ('dyspec', 16, dict(depth=4))]
+                   ('sequoia', 16), ('specinfer', 16), ('dyspec', 8, dict(depth=4)), ('dyspec', 16, dict(depth=4)),
+                   ('opt_tree', 16, dict(max_depth=4))]   # OPT-Tree in 4 draft calls, as DySpec at depth 4
 
 def table(dt, extra=(), keep=None):
     "One interleaved greedy run on the prompts: per setting, ms/token, speedup over target.generate, accepted/step, identical."
