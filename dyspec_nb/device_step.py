@@ -5,8 +5,8 @@
 # %% auto #0
 __all__ = ['DEVICE_METHODS', 'FIXED_SHAPES', 'ancestors', 'rank_order', 'DeviceTree', 'gumbel_noise', 'inverse_cdf',
            'draw_children', 'frontier_tree', 'pack_tree', 'fixed_shape', 'shape_plan', 'shape_tree', 'children_table',
-           'greedy_verify', 'sample_verify', 'frontier_shape', 'adapt_threshold', 'device_shape', 'graph_step',
-           'DeviceStep', 'DevicePlain']
+           'greedy_verify', 'sample_verify', 'frontier_shape', 'adapt_threshold', 'step_options', 'device_shape',
+           'graph_step', 'DeviceStep', 'DevicePlain']
 
 # %% ../nbs/api/07e_device_step.ipynb #08fe5322
 import math
@@ -287,6 +287,22 @@ def adapt_threshold(t, size, budget, fill):
     factor = torch.where(size >= budget, 1.25, size.clamp(min=1) / (fill * budget))
     return (t * factor.clamp(0.5, 2.0)).clamp(1e-9, 1.0)
 
+def step_options(method, budget, threshold=None, fill=None, delta=None):
+    """`(threshold, fill, delta)` of a device builder, checked: `dyspec_threshold`'s threshold (default min(1, 2 / budget)),
+    0 for the others; `dyspec_adaptive`'s `fill` (default 0.9) and `opt_tree`'s `delta` (default `OPT_TREE_DELTA`), None
+    for the others, which refuse them."""
+    if method == 'dyspec_adaptive' and threshold is not None: raise ValueError("dyspec_adaptive sets its own threshold, step by step: give it fill=, not threshold=")
+    if fill is not None and method != 'dyspec_adaptive': raise ValueError(f"fill= is dyspec_adaptive's option, not {method}'s")
+    if delta is not None and method != 'opt_tree': raise ValueError(f"delta= is opt_tree's option, not {method}'s")
+    if method == 'dyspec_adaptive':
+        fill = 0.9 if fill is None else fill
+        if isinstance(fill, bool) or not isinstance(fill, (int, float)) or not 0 < fill <= 1: raise ValueError(f"fill must be in (0, 1], got {fill!r}")
+    if method == 'opt_tree':
+        delta = OPT_TREE_DELTA if delta is None else delta
+        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not delta >= 0: raise ValueError(f"delta must be >= 0, got {delta!r}")
+    threshold = (min(1.0, 2.0 / budget) if threshold is None else float(threshold)) if method == 'dyspec_threshold' else 0.0
+    return threshold, None if fill is None else float(fill), None if delta is None else float(delta)
+
 def device_shape(method, budget, vocab, width=None, children=None, depth=None, k=None, acceptance=None, max_depth=None):
     "`(W, K, D, parents)` of a device builder: `frontier_shape` and no parents, or a fixed shape's (`fixed_shape`) widest level, most children, depth and parents."
     if method not in FIXED_SHAPES:
@@ -319,7 +335,7 @@ class DeviceStep:
     in tensors updated in place. `step()` returns one small tensor, the step's only read back to the host. With `graphs` (default: on CUDA) each setting's
     step is one CUDA graph; 'emulate' runs it eagerly but returns its outputs as a replayed graph does."""
     def __init__(self, target, head, method='dyspec', budget=8, width=None, children=None, depth=None, threshold=None, capacity=1024, graphs=None,
-                 k=None, acceptance=None, max_depth=None, fill=0.9, delta=None):
+                 k=None, acceptance=None, max_depth=None, fill=None, delta=None):
         if method not in DEVICE_METHODS: raise ValueError(f"the device step builds {', '.join(DEVICE_METHODS)}, not {method!r}")
         if not is_head(head): raise ValueError("the device step drafts with a feature head (07c_head)")
         if not lean_supported(target): raise ValueError("the device step needs the lean forward: a Llama-architecture target on SDPA attention")
@@ -327,13 +343,7 @@ class DeviceStep:
         if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= 127: raise ValueError(f"budget must be an integer from 1 to 127, got {budget!r}")
         self.target, self.head, self.method, self.budget = target, head, method, budget
         self.W, self.K, self.D, parents = device_shape(method, budget, head.config.vocab_size, width, children, depth, k, acceptance, max_depth)
-        self.threshold = (min(1.0, 2.0 / budget) if threshold is None else float(threshold)) if method == 'dyspec_threshold' else 0.0
-        if method == 'dyspec_adaptive' and threshold is not None: raise ValueError("dyspec_adaptive sets its own threshold, step by step: give it fill=, not threshold=")
-        if isinstance(fill, bool) or not isinstance(fill, (int, float)) or not 0 < fill <= 1: raise ValueError(f"fill must be in (0, 1], got {fill!r}")
-        self.fill = float(fill)
-        if delta is not None and method != 'opt_tree': raise ValueError(f"delta= is opt_tree's option, not {method}'s")
-        self.delta = None if method != 'opt_tree' else OPT_TREE_DELTA if delta is None else float(delta)
-        if self.delta is not None and not self.delta >= 0: raise ValueError(f"delta must be >= 0, got {delta!r}")
+        self.threshold, self.fill, self.delta = step_options(method, budget, threshold, fill, delta)
         self.capacity, self.device = capacity, input_device(target)
         self.N = budget + 1
         self.plan = None if parents is None else shape_plan(parents, self.N, self.device)   # a fixed shape: its pool is the tree's N slots

@@ -23,7 +23,7 @@ from .static import StaticCache, BUCKETS
 from .cost import CostModel, cost_model, product_choice
 from .head import HeadSession, HeadCache, StaticHeadCache, is_head, check_head_target, unrolled_logits
 from .forward import layer_states
-from .device_step import DeviceStep, DevicePlain, DEVICE_METHODS, device_shape
+from .device_step import DeviceStep, DevicePlain, DEVICE_METHODS, device_shape, step_options
 
 # %% ../nbs/api/08_engine.ipynb #aa9a1d48
 @dataclass
@@ -137,8 +137,8 @@ def _device_refusal(target, draft, method, budget, auto, static, attention, opti
     if method == 'autoregressive': return None
     bad = sorted(set(options) - set(DEVICE_OPTIONS))
     if bad: return f"step='device' takes the builder options {', '.join(DEVICE_OPTIONS)}, not {', '.join(bad)}"
-    if 'fill' in options and method != 'dyspec_adaptive': return f"fill= is dyspec_adaptive's option, not {method}'s"
-    if 'delta' in options and method != 'opt_tree': return f"delta= is opt_tree's option, not {method}'s"
+    try: step_options(method, budget, *(options.get(n) for n in ('threshold', 'fill', 'delta')))   # a builder's own options
+    except ValueError as e: return str(e)
     for b in ([b for b in DEVICE_AUTO_BUDGETS if b <= budget] or [budget]) if auto else [budget]:
         try: _device_shape(method, b, options, _vocab_size(target))            # a frontier or a shape out of range
         except ValueError as e: return str(e)
