@@ -58,7 +58,7 @@ def _():
 from dyspec_nb.models import load_default_pair, hf_generate
 from dyspec_nb.data import mtbench_prompts
 from dyspec_nb.engine import SpecDecoder
-from dyspec_nb.device_step import DeviceStep, DEVICE_METHODS
+from dyspec_nb.device_step import DeviceStep, DevicePlain, DEVICE_METHODS
 from dyspec_nb.builders import draw_mode
 
 def load(dt):
@@ -116,7 +116,7 @@ DEVICE_SETTINGS = [('dyspec', 8), ('dyspec', 16), ('dyspec', 32), ('chain', 2), 
                    ('sequoia', 16), ('specinfer', 16), ('dyspec', 8, dict(depth=4)), ('dyspec', 16, dict(depth=4)),
                    ('opt_tree', 16, dict(max_depth=4))]   # OPT-Tree in 4 draft calls, as DySpec at depth 4
 
-def table(dt, extra=(), keep=None):
+def table(dt, extra=(), keep=None, compiled=False):
     "One interleaved greedy run on the prompts: per setting, ms/token, speedup over target.generate, accepted/step, identical."
     from dyspec_nb.static import StaticCache
     from dyspec_nb.timing import forward_seconds
@@ -139,6 +139,13 @@ def table(dt, extra=(), keep=None):
     eager = SpecDecoder(target, head, 'dyspec', budget=8, step='device')        # the device step uncaptured: its launches, one read
     eager._device = DeviceStep(target, head, 'dyspec', 8, capacity=1024, graphs=False)
     calls['dyspec b8, device uncaptured'] = engine(eager)
+    if compiled:                                                                # inductor's fused kernels, captured: compiled on the warm-up call
+        # On the CPU (a dry run) only plain decoding on PyTorch's products: there the few-row kernels and the shipped head's
+        # bfloat16 product are library calls that inductor cannot trace (on CUDA both are F.linear)
+        for m, b in (('dyspec', 16), ('chain', 4), ('autoregressive', 0)) if CUDA else (('autoregressive', 0),):
+            dec = SpecDecoder(target, head if b else None, m, **({'budget': b} if b else {}), step='device', small_linear=CUDA)
+            dec._device = DeviceStep(target, head, m, b, capacity=1024, compile=True) if b else DevicePlain(target, capacity=1024, compile=True)
+            calls[f"{'engine autoregressive' if not b else f'{m} b{b}'}, device compiled"] = engine(dec)
     if keep is not None: calls = {k: c for k, c in calls.items() if k in keep or k in dict(extra) or k == 'target.generate'}
     longest = max(prompts, key=lambda p: p.shape[1])
     warm, failed = {}, {}
@@ -171,7 +178,7 @@ def static_gen(target):
     return lambda ids: (hf_generate(target, ids, NEW, cache_implementation='static')[0], None)
 
 @section('table float32', 90)
-def _(): return table('float32', extra={'target.generate, static cache (compiled)': static_gen(S['float32']['target'])})
+def _(): return table('float32', extra={'target.generate, static cache (compiled)': static_gen(S['float32']['target'])}, compiled=True)
 
 @section('chi2 cuda', 40)
 def _():
