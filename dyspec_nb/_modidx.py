@@ -410,6 +410,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'dyspec_nb.forward.new_cache': ('api/forward.html#new_cache', 'dyspec_nb/forward.py'),
                                    'dyspec_nb.forward.output_logits': ('api/forward.html#output_logits', 'dyspec_nb/forward.py'),
                                    'dyspec_nb.forward.prefill': ('api/forward.html#prefill', 'dyspec_nb/forward.py'),
+                                   'dyspec_nb.forward.rope_turn': ('api/forward.html#rope_turn', 'dyspec_nb/forward.py'),
                                    'dyspec_nb.forward.stacked': ('api/forward.html#stacked', 'dyspec_nb/forward.py')},
             'dyspec_nb.head': { 'dyspec_nb.head.FeatureHead': ('api/head.html#featurehead', 'dyspec_nb/head.py'),
                                 'dyspec_nb.head.FeatureHead.__init__': ('api/head.html#featurehead.__init__', 'dyspec_nb/head.py'),

@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['layer_states', 'additive_mask', 'causal_mask', 'input_device', 'forward', 'prefill', 'cache_len', 'keep_positions',
-           'crop_to', 'lean_supported', 'stacked', 'keep_in_place', 'LeanCache', 'new_cache', 'lean_layers',
-           'output_logits', 'lean_forward', 'DraftSession']
+           'crop_to', 'lean_supported', 'stacked', 'keep_in_place', 'LeanCache', 'new_cache', 'rope_turn',
+           'lean_layers', 'output_logits', 'lean_forward', 'DraftSession']
 
 # %% ../nbs/api/06b_forward.ipynb #940699dc
 import inspect, time, weakref
@@ -13,7 +13,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache, LlamaForCausalLM
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from .tree import random_tree
 from .verify import sampling_probs
 from .tree_attention import tree_mask
@@ -162,6 +161,11 @@ def new_cache(model, lean=True, capacity=256):
     return LeanCache(model, capacity) if lean and lean_supported(model) else DynamicCache()
 
 # %% ../nbs/api/06b_forward.ipynb #0c25883d
+def rope_turn(x, cos, sin):
+    "The rotary embedding of x [..., d] as transformers' `apply_rotary_pos_emb` computes it (x cos + rotate_half(x) sin), with cos and sin broadcasting to x: any number of heads at once."
+    h = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., h:], x[..., :h]], -1) * sin
+
 @torch.no_grad()
 def lean_layers(model, weights, x, cos, sin, mask, kv, hidden=False):
     """The decoder layers of a Llama-architecture `model` on x [1, q, H], as its own forward runs them: `weights` the
@@ -177,10 +181,9 @@ def lean_layers(model, weights, x, cos, sin, mask, kv, hidden=False):
     for l, (layer, (w_qkv, b_qkv, w_gu, b_gu)) in enumerate(zip(m.layers, weights)):
         att, mlp = layer.self_attn, layer.mlp
         qkv = lin(layer.input_layernorm(x), w_qkv, b_qkv)                      # [1, q, (nh + 2 nkv) d]
-        qs = qkv[..., :nh * d].view(1, q, nh, d).transpose(1, 2)               # [1, nh, q, d]
-        ks = qkv[..., nh * d:(nh + nkv) * d].view(1, q, nkv, d).transpose(1, 2)   # [1, nkv, q, d]
-        vs = qkv[..., (nh + nkv) * d:].view(1, q, nkv, d).transpose(1, 2)
-        qs, ks = apply_rotary_pos_emb(qs, ks, cos, sin)
+        qk = rope_turn(qkv[..., :(nh + nkv) * d].view(1, q, nh + nkv, d), cos[:, :, None], sin[:, :, None])   # [1, q, nh + nkv, d]: both turned at once
+        qs, ks = qk[:, :, :nh].transpose(1, 2), qk[:, :, nh:].transpose(1, 2)  # [1, nh, q, d], [1, nkv, q, d]
+        vs = qkv[..., (nh + nkv) * d:].view(1, q, nkv, d).transpose(1, 2)      # [1, nkv, q, d]
         K, V = kv(l, ks[0], vs[0])                                             # [1, nkv, S, d] each
         if q == 1:                                                             # one query: its heads folded onto their key heads
             a = F.scaled_dot_product_attention(qs.reshape(1, nkv, nh // nkv, d), K, V, attn_mask=mask, scale=att.scaling)

@@ -24,7 +24,7 @@ from safetensors.torch import save_file, load_file
 from .forward import layer_states
 from .training import topk_logprobs, length_batches, distill_loss, warmup_cosine
 from .verify import sampling_probs
-from .forward import DraftSession, forward, keep_positions, keep_in_place, input_device, stacked
+from .forward import DraftSession, forward, keep_positions, keep_in_place, input_device, stacked, rope_turn
 from .small_linear import bf16_products, linear_product
 from .static import BUCKETS, graph_mode, run_bucket, host_copy, fill_step, step_buffers, pick_bucket
 
@@ -91,9 +91,7 @@ def rope(x, pos, theta):
     d = x.shape[-1]
     inv = theta ** (-torch.arange(0, d, 2, dtype=torch.float32, device=x.device) / d)   # [d/2]
     ang = pos[:, None, :, None].float() * inv                                       # [B, 1, T, d/2]
-    cos, sin = torch.cat([ang.cos()] * 2, -1).to(x.dtype), torch.cat([ang.sin()] * 2, -1).to(x.dtype)
-    rot = torch.cat([-x[..., d // 2:], x[..., :d // 2]], -1)
-    return x * cos + rot * sin
+    return rope_turn(x, torch.cat([ang.cos()] * 2, -1).to(x.dtype), torch.cat([ang.sin()] * 2, -1).to(x.dtype))
 
 # %% ../nbs/api/07c_head.ipynb #f84c6626
 class FeatureHead(nn.Module):
@@ -208,9 +206,8 @@ def lean_head_layer(head, ids, pos, mask, cache, feats, rope=None, weights=None)
     x = prod(torch.cat([norm(head._embed(ids).to(feats.dtype), head.norm_e), norm(feats, head.norm_f)], -1), 'inp', (head.inp,))   # [B, T, H]
     qkv = prod(norm(x, head.attn_norm), 'qkv', (head.q, head.k, head.v))                          # [B, T, (nh + 2 kvh) d]
     cos, sin = (t[pos][:, None].to(x.dtype) for t in (rope or rope_table(head, int(pos.max()) + 1, pos.device)))   # [B, 1, T, d]
-    turn = lambda t: t * cos + torch.cat([-t[..., d // 2:], t[..., :d // 2]], -1) * sin           # as `rope`
-    q = turn(qkv[..., :nh * d].view(B, T, nh, d).transpose(1, 2))                                # [B, nh, T, d]
-    k = turn(qkv[..., nh * d:(nh + kvh) * d].view(B, T, kvh, d).transpose(1, 2))                 # [B, kvh, T, d]
+    qk = rope_turn(qkv[..., :(nh + kvh) * d].view(B, T, nh + kvh, d).transpose(1, 2), cos, sin)  # [B, nh + kvh, T, d]: as `rope`, both at once
+    q, k = qk[:, :nh], qk[:, nh:]                                                                # [B, nh, T, d], [B, kvh, T, d]
     v = qkv[..., (nh + kvh) * d:].view(B, T, kvh, d).transpose(1, 2)                             # [B, kvh, T, d]
     K, V = (k, v) if cache is None else cache.update(k, v, 0)                                    # [B, kvh, S, d]
     a = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, enable_gqa=True)                # [B, nh, T, d]
