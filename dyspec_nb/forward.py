@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['layer_states', 'additive_mask', 'causal_mask', 'input_device', 'forward', 'prefill', 'cache_len', 'keep_positions',
-           'crop_to', 'lean_supported', 'stacked', 'keep_in_place', 'LeanCache', 'new_cache', 'rope_turn',
-           'lean_layers', 'output_logits', 'lean_forward', 'DraftSession']
+           'crop_to', 'lean_supported', 'stacked', 'keep_in_place', 'LeanCache', 'new_cache', 'rope_turn', 'fold_mask',
+           'grouped_attention', 'lean_layers', 'output_logits', 'lean_forward', 'DraftSession']
 
 # %% ../nbs/api/06b_forward.ipynb #940699dc
 import inspect, time, weakref
@@ -166,6 +166,19 @@ def rope_turn(x, cos, sin):
     h = x.shape[-1] // 2
     return x * cos + torch.cat([-x[..., h:], x[..., :h]], -1) * sin
 
+def fold_mask(mask, groups):
+    "`mask` [B or 1, 1, T, S] for `grouped_attention` with `groups` query heads per key head: repeated per group along the queries ([.., groups T, S]), or as it is for one query (it broadcasts)."
+    return mask if mask is None or mask.shape[-2] == 1 else mask.repeat(1, 1, groups, 1)
+
+def grouped_attention(q, K, V, fmask, scale=None):
+    """SDPA of the query heads q [B, h, T, d] over K, V [B, h_kv, S, d] (h a multiple of h_kv) under `fmask` (`fold_mask`'s),
+    as grouped-query attention: [B, h, T, d]. Each key head's queries are folded onto it (rows group by group), so that it
+    is one plain multi-head call, which the fused kernels take: `enable_gqa=True` with a mask is refused by them, and in
+    float32 on CUDA falls back to the unfused math backend."""
+    B, h, T, d = q.shape; hk = K.shape[1]
+    a = F.scaled_dot_product_attention(q.reshape(B, hk, h // hk * T, d), K, V, attn_mask=fmask, scale=scale)   # [B, h_kv, (h / h_kv) T, d]
+    return a.view(B, h, T, d)
+
 @torch.no_grad()
 def lean_layers(model, weights, x, cos, sin, mask, kv, hidden=False):
     """The decoder layers of a Llama-architecture `model` on x [1, q, H], as its own forward runs them: `weights` the
@@ -177,6 +190,7 @@ def lean_layers(model, weights, x, cos, sin, mask, kv, hidden=False):
     d = getattr(c, 'head_dim', None) or c.hidden_size // nh
     q = x.shape[1]
     lin = linear_product(m.layers[0].mlp.gate_proj)[0]                         # the product the model's own layers run now
+    fmask = fold_mask(mask, nh // nkv)                                         # [1, 1, (nh / nkv) q, S]: once for all layers
     states = [x]
     for l, (layer, (w_qkv, b_qkv, w_gu, b_gu)) in enumerate(zip(m.layers, weights)):
         att, mlp = layer.self_attn, layer.mlp
@@ -185,12 +199,7 @@ def lean_layers(model, weights, x, cos, sin, mask, kv, hidden=False):
         qs, ks = qk[:, :, :nh].transpose(1, 2), qk[:, :, nh:].transpose(1, 2)  # [1, nh, q, d], [1, nkv, q, d]
         vs = qkv[..., (nh + nkv) * d:].view(1, q, nkv, d).transpose(1, 2)      # [1, nkv, q, d]
         K, V = kv(l, ks[0], vs[0])                                             # [1, nkv, S, d] each
-        if q == 1:                                                             # one query: its heads folded onto their key heads
-            a = F.scaled_dot_product_attention(qs.reshape(1, nkv, nh // nkv, d), K, V, attn_mask=mask, scale=att.scaling)
-            a = a.reshape(1, 1, nh * d)
-        else:
-            a = F.scaled_dot_product_attention(qs, K, V, attn_mask=mask, scale=att.scaling, enable_gqa=True)   # [1, nh, q, d]
-            a = a.transpose(1, 2).reshape(1, q, nh * d)
+        a = grouped_attention(qs, K, V, fmask, att.scaling).transpose(1, 2).reshape(1, q, nh * d)   # [1, q, nh d]
         x = x + att.o_proj(a)
         g, u = lin(layer.post_attention_layernorm(x), w_gu, b_gu).chunk(2, -1)  # [1, q, I] each
         x = x + mlp.down_proj(mlp.act_fn(g) * u)

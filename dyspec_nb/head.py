@@ -24,7 +24,7 @@ from safetensors.torch import save_file, load_file
 from .forward import layer_states
 from .training import topk_logprobs, length_batches, distill_loss, warmup_cosine
 from .verify import sampling_probs
-from .forward import DraftSession, forward, keep_positions, keep_in_place, input_device, stacked, rope_turn
+from .forward import DraftSession, forward, keep_positions, keep_in_place, input_device, stacked, rope_turn, fold_mask, grouped_attention
 from .small_linear import bf16_products, linear_product
 from .static import BUCKETS, graph_mode, run_bucket, host_copy, fill_step, step_buffers, pick_bucket
 
@@ -210,7 +210,7 @@ def lean_head_layer(head, ids, pos, mask, cache, feats, rope=None, weights=None)
     q, k = qk[:, :nh], qk[:, nh:]                                                                # [B, nh, T, d], [B, kvh, T, d]
     v = qkv[..., (nh + kvh) * d:].view(B, T, kvh, d).transpose(1, 2)                             # [B, kvh, T, d]
     K, V = (k, v) if cache is None else cache.update(k, v, 0)                                    # [B, kvh, S, d]
-    a = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, enable_gqa=True)                # [B, nh, T, d]
+    a = grouped_attention(q, K, V, fold_mask(mask, nh // kvh))                                   # [B, nh, T, d]
     x = x + prod(a.transpose(1, 2).reshape(B, T, -1), 'o', (head.o,))
     gate, up = prod(norm(x, head.mlp_norm), 'gate_up', (head.gate, head.up)).chunk(2, -1)         # [B, T, I] each
     return x + prod(F.silu(gate) * up, 'down', (head.down,))
