@@ -55,6 +55,30 @@ def _():
     return dict(torch=torch.__version__, transformers=transformers.__version__, python=platform.python_version(),
                 device=torch.cuda.get_device_name() if CUDA else platform.processor(), native=native_available(), small_linear=small_linear_available())
 
+@section('grouped attention', 10)
+def _():
+    "SDPA with enable_gqa=True and a mask against grouped_attention (the lean forward's), the target's shapes: ms per call, largest difference."
+    from dyspec_nb.forward import grouped_attention, fold_mask
+    res = {}
+    for dt in (torch.float32, torch.bfloat16):
+        for q in (1, 9, 33):
+            g = torch.Generator(device=DEV).manual_seed(0)
+            Q = torch.randn(1, 9, q, 64, device=DEV, dtype=dt, generator=g)
+            K, V = (torch.randn(1, 3, 1024, 64, device=DEV, dtype=dt, generator=g) for _ in range(2))
+            mask = torch.where(torch.rand(1, 1, q, 1024, device=DEV, generator=g) < 0.5, 0.0, float('-inf')).to(dt); mask[..., 0] = 0
+            fm = fold_mask(mask, 3)
+            calls = dict(enable_gqa=lambda: torch.nn.functional.scaled_dot_product_attention(Q, K, V, attn_mask=mask, enable_gqa=True),
+                         folded=lambda: grouped_attention(Q, K, V, fm))
+            out = {}
+            for name, f in calls.items():
+                for _ in range(3): f()
+                sync(); t = time.perf_counter()
+                for _ in range(50 if DRY else 200): r = f()
+                sync(); out[name] = (1e3 * (time.perf_counter() - t) / (50 if DRY else 200), r)
+            res[f'{str(dt)[6:]} q={q}'] = dict(enable_gqa_ms=out['enable_gqa'][0], folded_ms=out['folded'][0],
+                                               max_abs_diff=float((out['enable_gqa'][1].float() - out['folded'][1].float()).abs().max()))
+    return res
+
 from dyspec_nb.models import load_default_pair, hf_generate
 from dyspec_nb.data import mtbench_prompts
 from dyspec_nb.engine import SpecDecoder
