@@ -104,10 +104,13 @@ def frontier_tree(root_token, expand, N, W, K, D, *,
         rowof[slots] = torch.where(live, torch.arange(r0, r0 + w, device=dev), rowof[slots])
         opened[slots] = opened[slots] | live
         p, y = draw_children(rows, K, mode, None if noise is None else noise[t, :w])   # [w, K]
-        v = val[slots][:, None] * p                                                  # [w, K]: each child's value
-        mass = val[slots][:, None] * (1 - (p.cumsum(-1) - p) / rows.sum(-1, keepdim=True)).clamp(min=0)   # [w, K]: the mass left at each slot
+        vs = val[slots][:, None]                                                     # [w, 1]: the expanded nodes' values
+        v = vs * p                                                                   # [w, K]: each child's value
+        ok = live[:, None] & (p > 0)                                                 # [w, K]
+        if noise is not None or torch.is_tensor(threshold) or threshold > 0:         # top draws with no threshold never read the mass
+            mass = vs * (1 - (p.cumsum(-1) - p) / rows.sum(-1, keepdim=True)).clamp(min=0)   # [w, K]: the mass left at each slot
+            ok = ok & (mass >= threshold)
         k = v if noise is None else mass                                             # a top draw's slot is worth its token; a random one, its mass
-        ok = live[:, None] & (p > 0) & (mass >= threshold)                           # [w, K]
         c0 = 1 if t == 0 else 1 + K + (t - 1) * W * K
         idx = torch.arange(c0, c0 + w * K, device=dev)                               # [w K]: the new candidates
         pi = slots[:, None].expand(w, K).reshape(-1)                                 # [w K]: each new candidate's parent
