@@ -6,7 +6,7 @@
 __all__ = ['DEVICE_METHODS', 'FIXED_SHAPES', 'STEP_RECOMPILES', 'ancestors', 'rank_order', 'DeviceTree', 'gumbel_noise',
            'inverse_cdf', 'draw_children', 'frontier_tree', 'pack_tree', 'fixed_shape', 'shape_plan', 'shape_tree',
            'children_table', 'greedy_verify', 'sample_verify', 'frontier_shape', 'adapt_threshold', 'step_options',
-           'device_shape', 'graph_step', 'check_compile', 'compiled_run', 'DeviceStep', 'DevicePlain']
+           'device_shape', 'graph_step', 'step_runner', 'DeviceStep', 'DevicePlain']
 
 # %% ../nbs/api/07e_device_step.ipynb #08fe5322
 import math
@@ -331,17 +331,15 @@ def graph_step(step, key, inputs, run, state):
     reset = lambda: [t.copy_(v) for t, v in zip(state, saved)]
     return run_bucket(step.graphs, buf, lambda: run(**{n: buf[n] for n in inputs}), step.device, reset)
 
-def check_compile(compile):
-    "`compile` (a bool), checked."
-    if not isinstance(compile, bool): raise ValueError(f"compile must be True or False, got {compile!r}")
-    return compile
-
 STEP_RECOMPILES = 64     # settings (a step's key, on each instance's shapes) compiled per process before torch.compile gives up
 
-def compiled_run(run):
-    """`run` (a `DeviceStep`'s or `DevicePlain`'s) compiled whole by inductor: `fullgraph` (a graph break would be a host
-    sync), static shapes, and no CUDA graphs of inductor's own: the step captures its graph around inductor's fused
-    kernels, as it does around the eager ones. Each setting compiles on its first call (a graph's first warm-up run)."""
+def step_runner(run, compile):
+    """What a step runs (or captures): `run` (a `DeviceStep`'s or `DevicePlain`'s) itself, or with `compile=True` compiled
+    whole by inductor: `fullgraph` (a graph break would be a host sync), static shapes, and no CUDA graphs of inductor's
+    own: the step captures its graph around inductor's fused kernels, as it does around the eager ones. Each setting
+    compiles on its first call (a graph's first warm-up run)."""
+    if not isinstance(compile, bool): raise ValueError(f"compile must be True or False, got {compile!r}")
+    if not compile: return run
     fn = torch.compile(run, fullgraph=True, dynamic=False)
     def call(*args, **kw):
         with torch._dynamo.config.patch(recompile_limit=STEP_RECOMPILES): return fn(*args, **kw)
@@ -353,7 +351,7 @@ class DeviceStep:
     verification forward, the verifier and the compaction of the target's cache, on fixed shapes, with the lengths kept
     in tensors updated in place. `step()` returns one small tensor, the step's only read back to the host. With `graphs` (default: on CUDA) each setting's
     step is one CUDA graph; 'emulate' runs it eagerly but returns its outputs as a replayed graph does. With `compile`,
-    what runs (or is captured) is the step compiled by inductor (`compiled_run`)."""
+    what runs (or is captured) is the step compiled by inductor (`step_runner`)."""
     def __init__(self, target, head, method='dyspec', budget=8, width=None, children=None, depth=None, threshold=None, capacity=1024, graphs=None,
                  k=None, acceptance=None, max_depth=None, fill=None, delta=None, compile=False):
         if method not in DEVICE_METHODS: raise ValueError(f"the device step builds {', '.join(DEVICE_METHODS)}, not {method!r}")
@@ -369,7 +367,7 @@ class DeviceStep:
         self.plan = None if parents is None else shape_plan(parents, self.N, self.device)   # a fixed shape: its pool is the tree's N slots
         self.M = self.N if self.plan else 1 + self.K * (1 + (self.D - 1) * self.W)
         self.graphs = graph_mode(graphs, self.device, 'target')
-        self.compile = check_compile(compile)
+        self._run = step_runner(self.run, compile)                                   # the step itself, or inductor's
         self.tcache = StaticCache(target, capacity, buckets=(self.N,), hidden=head.config.layers, graphs=False)
         self.hcache = StaticHeadCache(head, capacity + self.D + self.M + 1, graphs=False)
         self.weights = head_weights(head)                                            # the head's products, taken once
@@ -381,7 +379,6 @@ class DeviceStep:
         self.text_from = torch.zeros(1, dtype=torch.long, device=dev)                # [1]: the head's first text position (1, or 0 for a one-token prompt)
         self.thr = torch.zeros(1, device=dev)                                        # [1]: dyspec_adaptive's threshold, adapted step by step
         self.runs = {}                                                               # a step's settings -> its buffers (and graph)
-        self._run = compiled_run(self.run) if compile else self.run
 
     def start(self, prompt):
         "Fill both caches with `prompt` (a list of ids) but its last token, the first step's root; the state is written in place."
@@ -477,17 +474,16 @@ class DevicePlain:
     """Plain decoding of a Llama-architecture `target`, each step in tensor code on its device: one token's forward on a
     static cache, the token taken there, the cache's length kept in a tensor. `step()` returns `DeviceStep.step`'s layout
     for one token, its only read back to the host; with `graphs` (default: on CUDA) each setting is one CUDA graph, and
-    with `compile` the step is inductor's (`compiled_run`)."""
+    with `compile` the step is inductor's (`step_runner`)."""
     D, N = 0, 1                                                                      # no draft calls; one node, the root
     def __init__(self, target, capacity=1024, graphs=None, compile=False):
         if not lean_supported(target): raise ValueError("the device step needs the lean forward: a Llama-architecture target on SDPA attention")
         self.target, self.capacity, self.device = target, capacity, input_device(target)
-        self.graphs, self.compile = graph_mode(graphs, self.device, 'target'), check_compile(compile)
+        self.graphs, self._run = graph_mode(graphs, self.device, 'target'), step_runner(self.run, compile)
         self.tcache = StaticCache(target, capacity, buckets=(1,), graphs=False)
         self.r = torch.zeros(1, dtype=torch.long, device=self.device)                # [1]: the root's position, the target's cached count
         self.last = torch.zeros(1, dtype=torch.long, device=self.device)             # [1]: the root, the last token emitted
         self.runs = {}                                                               # a step's settings -> its buffers (and graph)
-        self._run = compiled_run(self.run) if compile else self.run
 
     def start(self, prompt):
         "Fill the cache with `prompt` (a list of ids) but its last token, the first step's root; the state is written in place."
