@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['DEVICE_METHODS', 'FIXED_SHAPES', 'STEP_RECOMPILES', 'ancestors', 'rank_order', 'DeviceTree', 'gumbel_noise',
            'inverse_cdf', 'draw_children', 'frontier_tree', 'pack_tree', 'fixed_shape', 'shape_plan', 'shape_tree',
-           'children_table', 'greedy_verify', 'sample_verify', 'frontier_shape', 'adapt_threshold', 'step_options',
+           'sibling_rank', 'greedy_verify', 'sample_verify', 'frontier_shape', 'adapt_threshold', 'step_options',
            'device_shape', 'graph_step', 'step_runner', 'DeviceStep', 'DevicePlain']
 
 # %% ../nbs/api/07e_device_step.ipynb #08fe5322
@@ -198,14 +198,11 @@ def shape_tree(root_token, expand, plan, mode, noise=None):
     return pack_tree(tok, plan['parents'], valid, val, rows_all, rowof, N, mode)
 
 # %% ../nbs/api/07e_device_step.ipynb #a71c2ef8
-def children_table(tree, K):
-    "LongTensor[N, K]: each node's children in draw order, -1 past the last (a node has at most K)."
+def sibling_rank(tree):
+    "LongTensor[N]: each node's place among its siblings in draw order (0 for a first child, and at the root and the padding)."
     par, ok = tree.parents, tree.valid & (tree.parents >= 0)                         # [N]
     N = par.shape[0]; i = torch.arange(N, device=par.device)
-    rank = ((par[:, None] == par[None, :]) & ok[None, :] & (i[None, :] < i[:, None])).sum(1)   # [N]: earlier siblings
-    C = torch.full((N + 1, K + 1), -1, dtype=torch.long, device=par.device)         # a spare row and column take the rest
-    C[torch.where(ok, par, N), torch.where(ok & (rank < K), rank, K)] = i
-    return C[:N, :K]
+    return ((par[:, None] == par[None, :]) & ok[None, :] & (i[None, :] < i[:, None])).sum(1)   # [N]: earlier siblings
 
 def greedy_verify(tree, p, D):
     """Greedy (T = 0) verification on the device: a node is accepted when its token is its parent's argmax under `p`
@@ -230,41 +227,44 @@ def greedy_verify(tree, p, D):
 def _norm(x): return x / x.sum().clamp(min=1e-30)
 
 def sample_verify(tree, p, u, K, D):
-    """Multi-draft verification on the device (`verify_path`'s rule, in fixed loops: D depths, K siblings each): at the
-    current node each child in draw order is accepted with probability min(1, R(y) / Q(y)), R the target's residual and
-    Q the draft distribution of that draw; a rejection takes R to norm(max(R - Q, 0)) (a deterministic child: R(y) = 0)
-    and, drawn without replacement, removes y from Q. `p` FloatTensor[N, V]: the target's rows; `u` FloatTensor[D K + 1]:
-    uniforms. Returns as `greedy_verify`."""
+    """Multi-draft verification on the device (`verify_path`'s rule, in one fixed loop over the tree's N - 1 slots): at
+    the current node each child in draw order is accepted with probability min(1, R(y) / Q(y)), R the target's residual
+    and Q the draft distribution of that draw; a rejection takes R to norm(max(R - Q, 0)) (a deterministic child:
+    R(y) = 0) and, drawn without replacement, removes y from Q. Parents come before children and siblings in draw order,
+    so one pass in slot order meets every child of each node the path reaches, in draw order, after the node itself.
+    `p` FloatTensor[N, V]: the target's rows; `u` FloatTensor[D K + 1]: uniforms, the one of a node's k-th child at
+    d K + k (d the node's depth), the last for the final draw. Returns as `greedy_verify`."""
     N, V = p.shape; dev = p.device
-    C = children_table(tree, K)                                                      # [N, K]
-    mode, vocab = tree.mode, torch.arange(V, device=dev)
-    node = torch.zeros(1, dtype=torch.long, device=dev)                              # [1]: one-element tensors, never read back
-    done = torch.zeros(1, dtype=torch.bool, device=dev)
-    path = torch.full((D + 1,), -1, dtype=torch.long, device=dev); path[0].fill_(0)
-    R, Q = _norm(p[0].double()), tree.q[0].double()                                  # [V] each
-    for d in range(D):
-        R = torch.where(done, R, _norm(p[node][0].double())); Q = torch.where(done, Q, tree.q[node][0].double())
-        moved = done.clone()
-        for k in range(K):
-            c = C[node, k]; live = ~moved & (c >= 0)                                 # [1] each
-            y = tree.tokens[c.clamp(min=0)]                                          # [1]
-            if mode == DETERMINISTIC: dq = torch.ones(1, dtype=R.dtype, device=dev)
-            else: dq = Q[y] / Q.sum().clamp(min=1e-30)
+    mode, vocab, j = tree.mode, torch.arange(V, device=dev), torch.arange(D + 1, device=dev)
+    live_at = tree.valid & (tree.parents >= 0)                                       # [N]: the nodes but the root
+    depth = ancestors(tree.parents).sum(1) - 1                                       # [N]
+    uc = u[((depth - 1).clamp(0, D - 1) * K + sibling_rank(tree).clamp(max=K - 1))]  # [N]: each child's uniform
+    at = j[None, :] == depth[:, None]                                                # [N, D + 1]: each node's place on a path
+    P, Qs = p.double(), tree.q.double()                                              # [N, V] each
+    R, Q = _norm(P[0]), Qs[0]                                                        # [V] each: the residual and the draft row at the current node
+    node = torch.zeros(1, dtype=torch.long, device=dev)                              # [1]: the current node, never read back
+    path = torch.where(j == 0, 0, -1)                                                # [D + 1]: the accepted nodes, root first
+    for c in range(1, N):
+        live = live_at[c] & (tree.parents[c] == node)                                # [1]: a child of the current node, none accepted before it
+        y = tree.tokens[c:c + 1]                                                     # [1]: a 0-dim index would be read back to the host
+        if mode == DETERMINISTIC: a = R[y]                                           # Q(y) = 1
+        else:
+            qs = Q.sum().clamp(min=1e-30); dq = Q[y] / qs
             a = torch.where(dq > 0, R[y] / dq.clamp(min=1e-30), 0.0)
-            acc = live & (u[d * K + k] < a)
-            rej = live & ~acc
-            hit = vocab == y                                                         # [V]
-            new = R.masked_fill(hit, 0.0) if mode == DETERMINISTIC else (R - _norm(Q)).clamp(min=0)
+        acc = live & (uc[c] < a)
+        rej = live ^ acc
+        hit = vocab == y                                                             # [V]
+        if mode == DETERMINISTIC: new = R.masked_fill(hit, 0.0)
+        else:
+            new = (R - Q / qs).clamp(min=0)
             new = torch.where(new.sum() > 1e-12, new, R.masked_fill(hit, 0.0))      # rejecting had probability ~0: float error
-            R = torch.where(rej, _norm(new), R)
-            if mode == WITHOUT_REPLACEMENT: Q = torch.where(rej, Q.masked_fill(hit, 0.0), Q)
-            node = torch.where(acc, c, node); moved = moved | acc
-        path[d + 1:d + 2] = torch.where(moved & ~done, node, -1)
-        done = ~moved | done
-    R = torch.where(done, R, _norm(p[node][0].double()))                             # the path ran D deep: the last node's own row
+        R = torch.where(rej, _norm(new), torch.where(acc, _norm(P[c]), R))          # accepted: the child's own rows from here
+        if mode == WITHOUT_REPLACEMENT: Q = torch.where(rej, Q.masked_fill(hit, 0.0), Q)
+        Q = torch.where(acc, Qs[c], Q)
+        path = torch.where(acc & at[c], c, path)
+        node = torch.where(acc, c, node)
     last = inverse_cdf(R, u[D * K:])                                                 # [1]: a token from the residual
-    k = (path >= 0).sum()
-    j = torch.arange(D + 1, device=dev)
+    k = (path >= 0).sum()                                                            # emitted tokens
     toks = torch.where(j < k - 1, tree.tokens[path.roll(-1).clamp(min=0)], torch.where(j == k - 1, last, -1))
     return path, toks, k
 
