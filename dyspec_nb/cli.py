@@ -49,7 +49,7 @@ def generate_text(dec, tokenizer, messages, max_new_tokens=128, temperature=0.0,
     res = dec.generate(ids, streamer=stream, **opts)
     out.write('\n'); out.flush()
     s = res.stats
-    line = (f"[{dec.method}, budget {dec.budget_label}{', device step' if getattr(dec, 'step', 'host') == 'device' else ''}] {s.new_tokens} tokens in {s.steps} steps: "
+    line = (f"[{dec.method}, budget {dec.budget_label}{(', device step' + (', compiled' if getattr(dec, 'compile', False) else '')) if getattr(dec, 'step', 'host') == 'device' else ''}] {s.new_tokens} tokens in {s.steps} steps: "
             f"{s.accepted_per_step:.2f} accepted draft tokens/step, {1e3 * s.seconds_per_token:.1f} ms/token")
     base = None
     if baseline and dec.method != 'autoregressive':                   # what a user would otherwise run: target.generate (and on CUDA its compiled static cache)
@@ -306,6 +306,7 @@ def parser(docs=False):
         gp.add_argument('--max-budget', type=COUNT, default=None, help="with --budget auto: at most this many draft tokens per step (default 64)")
         gp.add_argument('--step', choices=('auto', 'host', 'device'), default='auto',
                         help="where a step runs: 'device' (the whole step on the target's device, one CUDA graph a step), 'host', or 'auto' (default: the device step on CUDA where the setting allows it)")
+        gp.add_argument('--compile', action='store_true', help="the device step compiled by torch.compile (inductor) before its capture; its first step compiles, a minute or more")
         gp.add_argument('--refresh-costs', action='store_true', help="measure this machine's cost model again (seconds on a quiet CPU, much longer on a busy one; progress on standard error) instead of reading the cached one")
         gp.add_argument('--temperature', type=TEMPERATURE, default=0.0, help='target temperature; 0 is greedy (default)')
         gp.add_argument('--top-p', type=TOP_P, default=1.0, help='nucleus sampling mass, in (0, 1]')
@@ -412,6 +413,7 @@ def _run(p, args, argv, started):
         if args.command == 'generate': _prompt_text(p, args.prompt)
         if args.budget == 'auto' and args.method not in METHODS[:3]: p.error(f"--budget auto is the cost rule of DySpec's builders ({', '.join(METHODS[:3])}), not of {args.method}")
         if args.max_budget is not None and args.budget not in (None, 'auto'): p.error('--max-budget bounds --budget auto; a fixed --budget is its own bound')
+        if args.compile and args.step == 'host': p.error('--compile compiles the device step: not with --step host')
         if args.draws and args.method in ('opt_tree', 'c2t', 'eagle2', 'autoregressive'): p.error(f"--draws: {args.method} takes no draws (OPT-Tree, C2T and EAGLE-2 always take the draft's most probable tokens)")
         for flag, b in (('--budget', args.budget), ('--max-budget', args.max_budget)):
             if isinstance(b, int) and b > MAX_CLI_BUDGET: p.error(f"{flag} {b}: budgets above {MAX_CLI_BUDGET} would take minutes a step on a CPU")
@@ -423,7 +425,7 @@ def _run(p, args, argv, started):
             target, draft, tok = load_pair(args.target, args.draft, args.device, args.dtype)   # a device this machine lacks: before loading
             budget_ = args.budget or ('auto' if args.method in COST_AWARE else 16)
             costs = cost_model(target, draft, refresh=True) if args.refresh_costs and budget_ == 'auto' and draft is not None else None
-            dec = SpecDecoder(target, draft, args.method, budget_, max_budget=args.max_budget, costs=costs, step=args.step, **({'draws': args.draws} if args.draws else {}))
+            dec = SpecDecoder(target, draft, args.method, budget_, max_budget=args.max_budget, costs=costs, step=args.step, compile=args.compile, **({'draws': args.draws} if args.draws else {}))
         except (ValueError, FileNotFoundError) as e: p.error(str(e))
         opts = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                     draft_temperature=args.draft_temperature, seed=args.seed, baseline=args.baseline, control_tokens=args.control_tokens)

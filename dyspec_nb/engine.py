@@ -188,6 +188,7 @@ class SpecDecoder:
                  costs=None,         # budget='auto' only: a cost.CostModel (default: this machine's, cached; measured on first use)
                  static=False,       # the target verifies, and the draft drafts, on fixed shapes (06e_static, 07c_head: padded to buckets; CUDA graphs on a GPU)
                  step='auto',        # 'host': trees built and verified on the host; 'device': the whole step in tensor code on the target's device (07e_device_step); 'auto': the device step on CUDA where the setting allows, else the host step
+                 compile=False,      # the device step only: compiled by inductor before its capture (07e's `step_runner`), on PyTorch's products; with budget='auto', only the setting the first call keeps
                  **options):         # `options` go to the builder
         if method != 'autoregressive' and method not in BUILDERS:
             raise ValueError(f"unknown method {method!r}: choose one of {sorted(BUILDERS) + ['autoregressive']}")
@@ -227,10 +228,13 @@ class SpecDecoder:
         if not isinstance(static, bool): raise ValueError(f"static must be True or False, got {static!r}")
         if static and not (lean and lean_supported(target)): raise ValueError("static=True needs the lean forward: a Llama-architecture target on SDPA attention, lean=True")
         if static and attention == 'triton': raise ValueError("static=True verifies with the lean forward's attention, not attention='triton'")
-        self.prefetch, self.small_linear, self.lean, self.static = prefetch, small_linear, lean, static
-        if small_linear: product_choice(target, draft, lean=lean)             # kernel or PyTorch per weight shape, measured once per machine (06d_cost)
         if step == 'auto' and costs is not None: step = 'host'                # a cost model given is the host step's
         self.step = _check_step(step, target, draft, method, budget, auto, static, attention, options)
+        if not isinstance(compile, bool): raise ValueError(f"compile must be True or False, got {compile!r}")
+        if compile and self.step != 'device': raise ValueError("compile=True compiles the device step, and this decoder runs the host step" + (" (step='auto' takes the device step on CUDA only)" if step == 'auto' else '') + ": give step='device'")
+        self.compile = compile
+        self.prefetch, self.small_linear, self.lean, self.static = prefetch, small_linear and not compile, lean, static   # inductor cannot trace the few-row kernel
+        if self.small_linear: product_choice(target, draft, lean=lean)        # kernel or PyTorch per weight shape, measured once per machine (06d_cost)
         self.auto = auto and method != 'autoregressive'
         if self.auto and self.step == 'device':                             # measured on the first call (device_probe), not by the cost model
             if costs is not None: raise ValueError("costs= is the host step's cost model; the device step's budget='auto' measures its own steps")
@@ -424,23 +428,26 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
 
 SpecDecoder.generate = _generate
 
-def _new_device_step(self: SpecDecoder, budget, capacity, depth=None):
-    "A `DeviceStep` of the decoder's method and options at `budget` draft tokens (and `depth` draft calls, if given), `capacity` positions; `DevicePlain` for autoregressive decoding."
-    if self.method == 'autoregressive': return DevicePlain(self.target, capacity=capacity)
-    return DeviceStep(self.target, self.draft, self.method, budget, capacity=capacity, **(_device_kwargs(self.method, self.options) | ({'depth': depth} if depth else {})))
+def _new_device_step(self: SpecDecoder, budget, capacity, depth=None, compile=False):
+    "A `DeviceStep` of the decoder's method and options at `budget` draft tokens (and `depth` draft calls, if given), `capacity` positions, compiled or not; `DevicePlain` for autoregressive decoding."
+    if self.method == 'autoregressive': return DevicePlain(self.target, capacity=capacity, compile=compile)
+    return DeviceStep(self.target, self.draft, self.method, budget, capacity=capacity, compile=compile,
+                      **(_device_kwargs(self.method, self.options) | ({'depth': depth} if depth else {})))
 
 def _device_step(self: SpecDecoder, room):
     "step='device': the decoder's `DeviceStep`, kept from call to call; a new one with the next power of two >= `room` positions when it is too small."
     ds = getattr(self, '_device', None)
     if ds is None or ds.capacity < room:
-        ds = self._device = _new_device_step(self, self.device_budget, _capacity(room), self.device_depth) if self.auto else _new_device_step(self, self.budget, _capacity(room))
+        budget, depth = (self.device_budget, self.device_depth) if self.auto else (self.budget, None)
+        ds = self._device = _new_device_step(self, budget, _capacity(room), depth, self.compile)
     return ds
 
 def _device_probe(self: SpecDecoder, seq, room, **step_kw):
     """budget='auto' on the device step: each setting `(budget, depth)` of `device_settings` runs a `DeviceStep` from `seq`,
     one step (on CUDA its capture) and then `DEVICE_PROBE_STEPS` steps, timed with their reads; the one that emitted the
-    most tokens per second is the decoder's from then on (`device_budget`, `device_depth`, its step kept), with every rate
-    in `device_rates` (tokens per second). Its random numbers are its own: a seeded call decodes as it would without it."""
+    most tokens per second is the decoder's from then on (`device_budget`, `device_depth`, its step kept, or with `compile`
+    made again compiled by the next `device_step`), with every rate in `device_rates` (tokens per second). Its random
+    numbers are its own: a seeded call decodes as it would without it."""
     rates, steps = {}, {}
     for b, d in self.device_settings:
         D = d or _device_shape(self.method, b, self.options, _vocab_size(self.target))[2]
@@ -451,7 +458,8 @@ def _device_probe(self: SpecDecoder, seq, room, **step_kw):
         for _ in range(DEVICE_PROBE_STEPS): n += ds.step(generator=g, **step_kw).tolist()[0]
         rates[(b, d)], steps[(b, d)] = n / (time.perf_counter() - t0), ds
     best = max(rates, key=rates.get)
-    (self.device_budget, self.device_depth), self.device_rates, self._device = best, rates, steps[best]
+    (self.device_budget, self.device_depth), self.device_rates = best, rates
+    self._device = None if self.compile else steps[best]                        # the settings are measured captured; only the one kept is compiled
     return best
 
 SpecDecoder.device_step, SpecDecoder.device_probe = _device_step, _device_probe

@@ -82,7 +82,7 @@ def _():
 from dyspec_nb.models import load_default_pair, hf_generate
 from dyspec_nb.data import mtbench_prompts
 from dyspec_nb.engine import SpecDecoder
-from dyspec_nb.device_step import DeviceStep, DevicePlain, DEVICE_METHODS
+from dyspec_nb.device_step import DeviceStep, DEVICE_METHODS
 from dyspec_nb.builders import draw_mode
 
 def load(dt):
@@ -166,12 +166,12 @@ def table(dt, extra=(), keep=None, compiled=False):
     eager._device = DeviceStep(target, head, 'dyspec', 8, capacity=1024, graphs=False)
     calls['dyspec b8, device uncaptured'] = engine(eager)
     if compiled:                                                                # inductor's fused kernels, captured: compiled on the warm-up call
-        # On the CPU (a dry run) only plain decoding on PyTorch's products: there the few-row kernels and the shipped head's
-        # bfloat16 product are library calls that inductor cannot trace (on CUDA both are F.linear)
-        for m, b in (('dyspec', 16), ('chain', 4), ('autoregressive', 0)) if CUDA else (('autoregressive', 0),):
-            dec = SpecDecoder(target, head if b else None, m, **({'budget': b} if b else {}), step='device', small_linear=CUDA)
-            dec._device = DeviceStep(target, head, m, b, capacity=1024, compile=True) if b else DevicePlain(target, capacity=1024, compile=True)
-            calls[f"{'engine autoregressive' if not b else f'{m} b{b}'}, device compiled"] = engine(dec)
+        # On the CPU (a dry run) only plain decoding: compiling a tree step there takes minutes (the shipped head's bfloat16
+        # product, a library call inductor cannot trace, is F.linear on CUDA). The default probes its budgets captured, then
+        # compiles the one it keeps
+        for m, b in (('autoregressive', 0), ('dyspec', 'auto'), ('chain', 4), ('dyspec', 16)) if CUDA else (('autoregressive', 0),):
+            dec = SpecDecoder(target, head if b else None, m, **({'budget': b} if b else {}), step='device', compile=True)
+            calls[f"{'engine autoregressive' if not b else 'dyspec default' if b == 'auto' else f'{m} b{b}'}, device compiled"] = engine(dec)
     if keep is not None: calls = {k: c for k, c in calls.items() if k in keep or k in dict(extra) or k == 'target.generate'}
     longest = max(prompts, key=lambda p: p.shape[1])
     warm, failed = {}, {}
