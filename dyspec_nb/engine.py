@@ -233,7 +233,7 @@ class SpecDecoder:
         if not isinstance(compile, bool): raise ValueError(f"compile must be True or False, got {compile!r}")
         if compile and self.step != 'device': raise ValueError("compile=True compiles the device step, and this decoder runs the host step" + (" (step='auto' takes the device step on CUDA only)" if step == 'auto' else '') + ": give step='device'")
         self.compile = compile
-        self.prefetch, self.small_linear, self.lean, self.static = prefetch, small_linear and not compile, lean, static   # inductor cannot trace the few-row kernel
+        self.prefetch, self.small_linear, self.lean, self.static = prefetch, small_linear and not compile, lean, static   # compiled, the products are PyTorch's (`rows_linear`): no kernel choice to measure
         if self.small_linear: product_choice(target, draft, lean=lean)        # kernel or PyTorch per weight shape, measured once per machine (06d_cost)
         self.auto = auto and method != 'autoregressive'
         if self.auto and self.step == 'device':                             # measured on the first call (device_probe), not by the cost model

@@ -70,9 +70,9 @@ def _product(x, weight, bias=None, limit=2):
 
 # %% ../nbs/api/06a_small_linear.ipynb #cceb3220
 def rows_linear(x, weight, bias=None):
-    "`F.linear(x, weight, bias)` for x [..., K]: on the kernel when it has 1..`SMALL_ROWS` rows on the CPU without gradients, float32 (unless `set_products` chose PyTorch for that shape and count) or bfloat16 where `bf16_available()` (by `bf16_linear`); else `F.linear`."
+    "`F.linear(x, weight, bias)` for x [..., K]: on the kernel when it has 1..`SMALL_ROWS` rows on the CPU without gradients, float32 (unless `set_products` chose PyTorch for that shape and count) or bfloat16 where `bf16_available()` (by `bf16_linear`); else, and while `torch.compile` traces it, `F.linear`."
     rows = x.numel() // max(1, x.shape[-1])
-    if 0 < rows <= SMALL_ROWS and x.device.type == weight.device.type == 'cpu' and not torch.is_grad_enabled() and _linear is not None:
+    if 0 < rows <= SMALL_ROWS and x.device.type == weight.device.type == 'cpu' and not torch.is_grad_enabled() and _linear is not None and not torch.compiler.is_compiling():
         if x.dtype == weight.dtype == torch.float32:                          # the checks small_linear would make, once
             if _RECORD is not None: _RECORD.setdefault(id(weight), weight)
             if _TORCH_ROWS and _TORCH_ROWS.get(weight.shape, _KERNEL)[rows]: return F.linear(x, weight, bias)   # PyTorch is faster here (`set_products`)
@@ -157,13 +157,13 @@ def _bits(t):
 def bf16_linear(x,                 # FloatTensor or BFloat16Tensor[..., K] on the CPU (float32 is rounded to bfloat16 for the product)
                 weight,            # BFloat16Tensor[N, K]
                 bias=None):        # Tensor[N] or None
-    "`bf16(x) @ weight.T (+ bias)`, products exact, sums in float32, in x's dtype: Tensor[..., N]; the kernel for 1..`SMALL_ROWS` gradient-free rows where `bf16_available()`, else `F.linear` on the same values."
+    "`bf16(x) @ weight.T (+ bias)`, products exact, sums in float32, in x's dtype: Tensor[..., N]; the kernel for 1..`SMALL_ROWS` gradient-free rows where `bf16_available()` (not while `torch.compile` traces it), else `F.linear` on the same values."
     if weight.dtype != torch.bfloat16 or x.dtype not in (torch.float32, torch.bfloat16):
         raise ValueError(f"bf16_linear takes a float32 or bfloat16 x and a bfloat16 weight, got {x.dtype} and {weight.dtype}")
     if x.shape[-1] != weight.shape[1]: raise ValueError(f"x has {x.shape[-1]} features, weight expects {weight.shape[1]}")
     rows = x.numel() // max(1, x.shape[-1])
     b = None if bias is None else bias.detach().float()
-    if 0 < rows <= SMALL_ROWS and x.device.type == weight.device.type == 'cpu' and not torch.is_grad_enabled() and _BF16:
+    if 0 < rows <= SMALL_ROWS and x.device.type == weight.device.type == 'cpu' and not torch.is_grad_enabled() and _BF16 and not torch.compiler.is_compiling():
         y = torch.empty(rows, weight.shape[0])                            # [rows, N], float32
         _linear.linear_bf16(x.reshape(rows, -1).float().contiguous().numpy(), _bits(weight), y.numpy())   # x rounded to bfloat16 in the kernel
         y = y.view(*x.shape[:-1], weight.shape[0])

@@ -166,9 +166,8 @@ def table(dt, extra=(), keep=None, compiled=False):
     eager._device = DeviceStep(target, head, 'dyspec', 8, capacity=1024, graphs=False)
     calls['dyspec b8, device uncaptured'] = engine(eager)
     if compiled:                                                                # inductor's fused kernels, captured: compiled on the warm-up call
-        # On the CPU (a dry run) only plain decoding: compiling a tree step there takes minutes (the shipped head's bfloat16
-        # product, a library call inductor cannot trace, is F.linear on CUDA). The default probes its budgets captured, then
-        # compiles the one it keeps
+        # On the CPU (a dry run) only plain decoding: compiling a tree step there takes minutes. The default probes its
+        # budgets captured, then compiles the one it keeps
         for m, b in (('autoregressive', 0), ('dyspec', 'auto'), ('chain', 4), ('dyspec', 16)) if CUDA else (('autoregressive', 0),):
             dec = SpecDecoder(target, head if b else None, m, **({'budget': b} if b else {}), step='device', compile=True)
             calls[f"{'engine autoregressive' if not b else 'dyspec default' if b == 'auto' else f'{m} b{b}'}, device compiled"] = engine(dec)
