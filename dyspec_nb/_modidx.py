@@ -208,6 +208,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                        'dyspec_nb.device_step.DeviceStep.step': ( 'api/device_step.html#devicestep.step',
                                                                                   'dyspec_nb/device_step.py'),
                                        'dyspec_nb.device_step.DeviceTree': ('api/device_step.html#devicetree', 'dyspec_nb/device_step.py'),
+                                       'dyspec_nb.device_step.DeviceTree.ancestor_mask': ( 'api/device_step.html#devicetree.ancestor_mask',
+                                                                                           'dyspec_nb/device_step.py'),
                                        'dyspec_nb.device_step.DeviceTree.to_host': ( 'api/device_step.html#devicetree.to_host',
                                                                                      'dyspec_nb/device_step.py'),
                                        'dyspec_nb.device_step._norm': ('api/device_step.html#_norm', 'dyspec_nb/device_step.py'),

@@ -10,7 +10,7 @@ __all__ = ['DEVICE_METHODS', 'FIXED_SHAPES', 'STEP_RECOMPILES', 'ancestors', 'ra
 
 # %% ../nbs/api/07e_device_step.ipynb #08fe5322
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 import torch
 from .tree import WITH_REPLACEMENT, WITHOUT_REPLACEMENT, DETERMINISTIC, TokenTree
 from .builders import sequoia_shape, specinfer_sizes, DEFAULT_ACCEPTANCE, OPT_TREE_DELTA, ALWAYS_TOP
@@ -42,6 +42,11 @@ class DeviceTree:
     values: torch.Tensor    # FloatTensor[N]: each node's estimated value (the probability the draft gives its path)
     q: torch.Tensor         # FloatTensor[N, V]: each expanded node's draft row (zeros for the others)
     mode: int               # how every node's children were drawn: WITHOUT_REPLACEMENT, WITH_REPLACEMENT or DETERMINISTIC
+    anc: torch.Tensor = field(default=None, repr=False)   # BoolTensor[N, N]: `ancestors(parents)`, made once by `ancestor_mask`
+    def ancestor_mask(self):
+        "BoolTensor[N, N]: the tree's ancestor mask (`ancestors`), made on first use and kept: the step's attention mask, its depths and the verifier read the same one."
+        if self.anc is None: self.anc = ancestors(self.parents)
+        return self.anc
     def to_host(self):
         "`(TokenTree, q [n, V])` of the nodes (a host read: for tests and traces)."
         k = int(self.valid.sum())
@@ -212,7 +217,7 @@ def greedy_verify(tree, p, D):
     N = p.shape[0]; i = torch.arange(N, device=p.device)
     best = p.argmax(-1)                                                              # [N]: the target's token after each node
     ok = tree.valid & ((tree.parents < 0) | (tree.tokens == best[tree.parents.clamp(min=0)]))   # [N]: matches its parent's argmax
-    anc = ancestors(tree.parents)                                                    # [N, N]
+    anc = tree.ancestor_mask()                                                       # [N, N]
     accepted = ~(anc & ~ok[None, :]).any(1) & tree.valid                             # [N]: every node of its path matches
     depth = anc.sum(1) - 1                                                           # [N]
     last = torch.where(accepted, depth * N + (N - 1 - i), -1).argmax(0, keepdim=True)   # [1]: the deepest accepted node (the first of equals)
@@ -237,7 +242,7 @@ def sample_verify(tree, p, u, K, D):
     N, V = p.shape; dev = p.device
     mode, vocab, j = tree.mode, torch.arange(V, device=dev), torch.arange(D + 1, device=dev)
     live_at = tree.valid & (tree.parents >= 0)                                       # [N]: the nodes but the root
-    depth = ancestors(tree.parents).sum(1) - 1                                       # [N]
+    depth = tree.ancestor_mask().sum(1) - 1                                          # [N]
     uc = u[((depth - 1).clamp(0, D - 1) * K + sibling_rank(tree).clamp(max=K - 1))]  # [N]: each child's uniform
     at = j[None, :] == depth[:, None]                                                # [N, D + 1]: each node's place on a path
     P, Qs = p.double(), tree.q.double()                                              # [N, V] each
@@ -455,7 +460,7 @@ class DeviceStep:
             tree = frontier_tree(self.emitted[k - 1][0], expand, N, W, K, D, noise=noise, layer_only=self.method in ('eagle2', 'opt_tree'),
                                  threshold=self.thr if adaptive else self.threshold, delta=self.delta)
             if adaptive: self.thr.copy_(adapt_threshold(self.thr, tree.valid.sum() - 1, self.budget, self.fill))
-        anc = ancestors(tree.parents); depth = anc.sum(1) - 1                       # [N, N], [N]
+        anc = tree.ancestor_mask(); depth = anc.sum(1) - 1                          # [N, N] (the verifier's too), [N]
         slots, tcols = r + torch.arange(N, device=dev), torch.arange(self.tcache.k.shape[2], device=dev)
         allowed = (tcols < r)[None].expand(N, len(tcols)).clone(); allowed[:, slots] = anc
         buf = dict(ids=tree.tokens, pos=r + depth, slots=slots, mask=additive_mask(allowed, self.target.dtype))
