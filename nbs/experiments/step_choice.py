@@ -1,0 +1,46 @@
+# Which step a CPU should run (issue 51, item 8): `results/step_choice.json`, one entry per CPU. Not part of the package;
+# 08_engine renders the record and checks that `step='auto'` takes, on every CPU measured, the step that was faster there.
+# One interleaved run of the embedded pair (float32) on MT-Bench prompts, greedy and at T = 0.6: `target.generate`, the
+# decoder's default (on a CPU, the host step), the same decoder on the device step (its budget measured on the first call),
+# and plain decoding on each step. From the project root, on the machine to record (a run on another CPU adds its entry):
+#     python nbs/experiments/step_choice.py            # PROMPTS=8 NEW=64; OUT=dir writes the record there instead of results/
+import os, sys, json, time
+from pathlib import Path
+ROOT = Path(__file__).resolve().parents[2]; sys.path.insert(0, str(ROOT))
+import torch
+from tqdm.auto import tqdm
+from dyspec_nb.models import load_default_pair, hf_generate
+from dyspec_nb.data import mtbench_prompts
+from dyspec_nb.engine import SpecDecoder
+from dyspec_nb.cost import cpu_name
+from dyspec_nb.small_linear import bf16_available
+
+PROMPTS, NEW = int(os.environ.get('PROMPTS', 8)), int(os.environ.get('NEW', 64))
+target, head, tok = load_default_pair()
+prompts = mtbench_prompts(tok, PROMPTS)
+entry = dict(date=time.strftime('%Y-%m-%d'), torch=torch.__version__, threads=torch.get_num_threads(), prompts=PROMPTS, new_tokens=NEW, temperatures={})
+for T in (0.0, 0.6):
+    decs = {'host default': SpecDecoder(target, head), 'device default': SpecDecoder(target, head, step='device'),
+            'host autoregressive': SpecDecoder(target, None, 'autoregressive'),
+            'device autoregressive': SpecDecoder(target, None, 'autoregressive', step='device')}
+    runs = {'target.generate': lambda p, i: hf_generate(target, p, NEW, temperature=T, seed=i)[0]}
+    for k, d in decs.items(): runs[k] = lambda p, i, d=d: d.generate(p, max_new_tokens=NEW, temperature=T, seed=i).tokens.tolist()
+    for f in runs.values(): f(prompts[0], 0)                                    # warm-up: the cost rule's and the device probe's first calls
+    secs, outs = {k: 0.0 for k in runs}, {k: [] for k in runs}
+    bar = tqdm(total=len(prompts) * len(runs), desc=f'T = {T:g}: prompt x decoder')
+    for i, p in enumerate(prompts):
+        for k, f in runs.items():                                                # interleaved: every decoder on a prompt, then the next
+            t = time.perf_counter(); o = f(p, i); secs[k] += time.perf_counter() - t; outs[k].append(o); bar.update()
+    bar.close()
+    rate = {k: sum(map(len, outs[k])) / secs[k] for k in runs}                  # tokens per second
+    entry['temperatures'][f'{T:g}'] = dict(
+        {k: dict(ms_per_token=1e3 / r, speedup=r / rate['target.generate'], identical=outs[k] == outs['target.generate'] if T == 0 else None) for k, r in rate.items()},
+        steps={k: d.step for k, d in decs.items()}, device_budget=[decs['device default'].device_budget, decs['device default'].device_depth])
+key = f"{cpu_name()}, {torch.backends.cpu.get_cpu_capability()}, bfloat16 kernel {'on' if bf16_available() else 'off'}"
+out = Path(os.environ.get('OUT') or ROOT / 'results'); out.mkdir(parents=True, exist_ok=True)
+path = out / 'step_choice.json'
+rec = json.loads(path.read_text()) if path.exists() else {}
+rec[key] = dict(command='python nbs/experiments/step_choice.py', **entry)
+path.write_text(json.dumps(rec, indent=1) + '\n')
+for T, t in entry['temperatures'].items():
+    print(f'T = {T}: ' + '  '.join(f"{k} {r['ms_per_token']:.1f} ms/token ({r['speedup']:.2f}x)" for k, r in t.items() if isinstance(r, dict) and 'ms_per_token' in r))
