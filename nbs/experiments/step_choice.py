@@ -12,13 +12,12 @@ from tqdm.auto import tqdm
 from dyspec_nb.models import load_default_pair, hf_generate
 from dyspec_nb.data import mtbench_prompts
 from dyspec_nb.engine import SpecDecoder
-from dyspec_nb.cost import cpu_name
-from dyspec_nb.small_linear import bf16_available
+from dyspec_nb.cost import cpu_name, machine_fingerprint
 
 PROMPTS, NEW = int(os.environ.get('PROMPTS', 8)), int(os.environ.get('NEW', 64))
 target, head, tok = load_default_pair()
 prompts = mtbench_prompts(tok, PROMPTS)
-entry = dict(date=time.strftime('%Y-%m-%d'), torch=torch.__version__, threads=torch.get_num_threads(), prompts=PROMPTS, new_tokens=NEW, temperatures={})
+entry = dict(date=time.strftime('%Y-%m-%d'), machine=machine_fingerprint(), prompts=PROMPTS, new_tokens=NEW, temperatures={})
 for T in (0.0, 0.6):
     decs = {'host default': SpecDecoder(target, head), 'device default': SpecDecoder(target, head, step='device'),
             'host autoregressive': SpecDecoder(target, None, 'autoregressive'),
@@ -34,13 +33,12 @@ for T in (0.0, 0.6):
     bar.close()
     rate = {k: sum(map(len, outs[k])) / secs[k] for k in runs}                  # tokens per second
     entry['temperatures'][f'{T:g}'] = dict(
-        {k: dict(ms_per_token=1e3 / r, speedup=r / rate['target.generate'], identical=outs[k] == outs['target.generate'] if T == 0 else None) for k, r in rate.items()},
+        rows={k: dict(ms_per_token=1e3 / r, speedup=r / rate['target.generate'], identical=outs[k] == outs['target.generate'] if T == 0 else None) for k, r in rate.items()},
         steps={k: d.step for k, d in decs.items()}, device_budget=[decs['device default'].device_budget, decs['device default'].device_depth])
-key = f"{cpu_name()}, {torch.backends.cpu.get_cpu_capability()}, bfloat16 kernel {'on' if bf16_available() else 'off'}"
 out = Path(os.environ.get('OUT') or ROOT / 'results'); out.mkdir(parents=True, exist_ok=True)
 path = out / 'step_choice.json'
 rec = json.loads(path.read_text()) if path.exists() else {}
-rec[key] = dict(command='python nbs/experiments/step_choice.py', **entry)
+rec[cpu_name()] = dict(command='python nbs/experiments/step_choice.py', **entry)
 path.write_text(json.dumps(rec, indent=1) + '\n')
 for T, t in entry['temperatures'].items():
-    print(f'T = {T}: ' + '  '.join(f"{k} {r['ms_per_token']:.1f} ms/token ({r['speedup']:.2f}x)" for k, r in t.items() if isinstance(r, dict) and 'ms_per_token' in r))
+    print(f'T = {T}: ' + '  '.join(f"{k} {r['ms_per_token']:.1f} ms/token ({r['speedup']:.2f}x)" for k, r in t['rows'].items()))
