@@ -42,11 +42,11 @@ for dt in ('float32', 'bfloat16'):
         for p in prompts:
             st = dec.generate(p, max_new_tokens=NEW).stats
             steps.append(st.steps); acc.append(sum(r.accepted for r in st.records))
-        rows[label] = dict(draft_calls=device_shape(m, b, head.config.vocab_size, **o)[2], steps=steps, accepted=acc, accepted_per_step=sum(acc) / sum(steps))
+        rows[label] = dict(draft_calls=device_shape(m, b, head.config.vocab_size, **o)[2], steps=steps, accepted=acc)
     rec['dtypes'][dt] = rows
 out = Path(os.environ.get('OUT') or ROOT / 'results'); out.mkdir(parents=True, exist_ok=True)
 (out / 'window_acceptance.json').write_text(json.dumps(rec, indent=1) + '\n')
 n = rec['window_prompts']
+pooled = lambda r, m=None: sum(r['accepted'][:m]) / sum(r['steps'][:m])      # accepted over steps, on the first m prompts
 for dt, rows in rec['dtypes'].items():
-    for k, r in rows.items():
-        print(f"{dt:9s} {k:36s} D {r['draft_calls']}  accepted/step: first {n} prompts {sum(r['accepted'][:n]) / sum(r['steps'][:n]):.3f}, all {PROMPTS} {r['accepted_per_step']:.3f}")
+    for k, r in rows.items(): print(f"{dt:9s} {k:36s} D {r['draft_calls']}  accepted/step: first {n} prompts {pooled(r, n):.3f}, all {PROMPTS} {pooled(r):.3f}")
