@@ -9,7 +9,7 @@ __all__ = ['DATASETS', 'DYSPEC_FAMILY', 'QUICK', 'FULL', 'Method', 'parse_method
            'changed_verdicts', 'changed_markdown', 'bench_builders']
 
 # %% ../nbs/api/14_bench.ipynb #09558b37
-import copy, json, math, platform, time
+import copy, io, json, math, platform, time
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np
@@ -376,7 +376,8 @@ def plot_bench(record, path=None, key='accepted_per_step'):
     axes[0][0].set_ylabel({'accepted_per_step': 'accepted draft tokens / step', 'speedup': 'speedup over autoregressive'}.get(key, key))
     axes[0][-1].legend(fontsize=8)
     fig.tight_layout()
-    if path is not None: fig.savefig(path, dpi=110); plt.close(fig)
+    if path is not None:                                   # whole or not at all, as every record file (`write_whole`)
+        buf = io.BytesIO(); fig.savefig(buf, format='png', dpi=110); plt.close(fig); write_whole(path, buf.getvalue())
     return fig
 
 def write_record(record, out, markdown, header=True):

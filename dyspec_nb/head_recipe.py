@@ -4,9 +4,9 @@
 
 # %% auto #0
 __all__ = ['READ_CHUNK', 'MIN_MINUTES', 'READ_SHARE', 'MIN_WORK', 'OVERRUN', 'SHIPPED', 'HeadRecipe', 'recipe_data',
-           'reserve_seconds', 'machine_dtypes', 'fresh_head', 'served_head', 'build_head', 'mtbench_features',
-           'heldout_agreement', 'probe_steps', 'train_on_text', 'own_answers', 'train_on_answers', 'ShippedRecipe',
-           'build_shipped_head']
+           'reserve_seconds', 'machine_dtypes', 'fresh_head', 'served_head', 'save_with_record', 'build_head',
+           'mtbench_features', 'heldout_agreement', 'probe_steps', 'train_on_text', 'own_answers', 'train_on_answers',
+           'ShippedRecipe', 'build_shipped_head']
 
 # %% ../nbs/api/07d_head_recipe.ipynb #0fd6748e
 import functools, json, random, time, warnings
@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from .training import choose_vocab, teacher_data, teacher_batch
 from .head import (FeatureHead, HeadTrainConfig, head_config, target_features, teacher_features, train_head, save_head, load_head,
                             head_dir, head_metrics, FEATURE_DTYPES, reading_copy, rebind_vocab)
-from .models import load_target
+from .models import load_target, write_or_keep, write_whole, DiskFull, model_bytes
 from .data import sharegpt_chats, sharegpt_chat_records, chat_tokens, sharegpt_prompts, sharegpt_split, first_user_turn
 from .draft_recipe import mtbench_eval_data
 from .cost import cpu_name
@@ -117,6 +117,23 @@ def served_head(head, target, data, recipe):
     if recipe.serve_vocab >= head.config.draft_vocab_size: return head
     return rebind_vocab(head, target, choose_vocab(data, recipe.serve_vocab, head.config.vocab_size)).to(head.fuse.weight.device)
 
+def save_with_record(head, out, rec, results=None):
+    """Save `head` (`save_head`) to the folder `out` and its record `rec` to `results`, both whole; the folder the head is in.
+    On a full disk the head goes elsewhere (`write_or_keep`), with the record when it lives in `out`, and
+    `rec['disk_full']` says where, in one line; `DiskFull` where no disk had room."""
+    out = Path(out); inside = results is not None and Path(results).parent == out
+    def write(folder):
+        save_head(head.cpu(), folder)
+        rec['size_mb'] = (Path(folder) / 'model.safetensors').stat().st_size / 2**20
+        if inside: write_whole(Path(folder) / Path(results).name, json.dumps(rec, indent=1) + '\n')
+    try: folder = write_or_keep(write, out, model_bytes(head) // 2 + 2**20, 'the trained head')   # float16 on disk
+    except DiskFull as e:
+        if e.kept is None: raise
+        folder, rec['disk_full'] = e.kept.parent if False else e.kept, str(e)
+        if inside: write_whole(folder / Path(results).name, json.dumps(rec, indent=1) + '\n')
+    if results is not None and not inside: write_whole(results, json.dumps(rec, indent=1) + '\n')
+    return Path(folder)
+
 def build_head(target=None, tokenizer=None, out=None, recipe=HeadRecipe(), minutes=60, results=None, progress=True):
     """The whole recipe for a head of `target` (default: the embedded one): features, vocabulary, training, the served
     vocabulary, save to `out`; `(head, record)`. The run counts `minutes` from its call: a limit too short for the reserve
@@ -142,17 +159,14 @@ def build_head(target=None, tokenizer=None, out=None, recipe=HeadRecipe(), minut
     tcfg = replace(recipe.train, minutes=min(left, recipe.train.minutes or left))
     t0 = time.time(); hist = train_head(head, data, tcfg, val=val, progress=progress); t_train = time.time() - t0
     head = served_head(head, target, data, recipe)                                  # its first K' of K
-    out = Path(out)
-    save_head(head.cpu(), out)
     rec = dict(recipe=json.loads(json.dumps(asdict(recipe))), config=cfg.to_dict(), tokens=sum(len(s.ids) for s in data),
                chats_read=len(data), val_chats_read=len(val), minutes=minutes,
                seconds=dict(**secs, train=t_train, total=time.time() - t_all), threads=torch.get_num_threads(), served_vocab=head.config.draft_vocab_size,
                steps_done=hist['step'][-1], stopped_by_time=hist['step'][-1] < recipe.train.steps and not hist.get('interrupted'),
                interrupted=bool(hist.get('interrupted')), history=hist,
-               size_mb=(out / 'model.safetensors').stat().st_size / 2**20,
                params=sum(p.numel() for n_, p in head.named_parameters() if not n_.startswith('lm.')))
-    if results is not None: Path(results).write_text(json.dumps(rec, indent=1) + '\n')
-    return load_head(out, target).to(target.device), rec
+    folder = save_with_record(head, out, rec, results)                              # also sets rec['size_mb']
+    return load_head(folder, target).to(target.device), rec
 
 
 
@@ -328,8 +342,9 @@ def build_shipped_head(target=None, tokenizer=None, out=None, recipe=SHIPPED, ev
         h, info = train_on_answers(head, ans, r.scaled(steps), lr, n_val=r.answers_val, progress=progress)
         rounds.append(dict(prompts=[start, start + len(prompts)], answer_seconds=secs, **info, history=h))
         start += len(prompts)
-    save_head(head.cpu(), out)
-    head = load_head(out, target).to(target.device)
+    rec = dict(command=command)
+    folder = save_with_record(head, out, rec)                                         # first: the head is evaluated as saved (sets rec['size_mb'])
+    head = load_head(folder, target).to(target.device)
     agreement = None
     if evaluate:
         heads = {'built': head}
@@ -337,9 +352,10 @@ def build_shipped_head(target=None, tokenizer=None, out=None, recipe=SHIPPED, ev
         except ValueError: pass                                                       # the shipped head is for another target
         agreement = heldout_agreement(target, tokenizer, heads, progress=progress)
     dev = target.device
-    rec = dict(command=command, recipe=json.loads(json.dumps(asdict(r))), device=torch.cuda.get_device_name(dev) if dev.type == 'cuda' else cpu_name(),
+    rec.update(recipe=json.loads(json.dumps(asdict(r))), device=torch.cuda.get_device_name(dev) if dev.type == 'cuda' else cpu_name(),
                torch=torch.__version__, threads=torch.get_num_threads(), text=dict(**text, history=hist), rounds=rounds,
-               agreement=agreement, seconds=time.time() - t_all, size_mb=(Path(out) / 'model.safetensors').stat().st_size / 2**20)
-    if results is not None: Path(results).write_text(json.dumps(rec, indent=1) + '\n')
+               agreement=agreement, seconds=time.time() - t_all)
+    if results is not None:                                                           # beside the head, where it lives in `out`
+        write_whole(folder / Path(results).name if Path(results).parent == Path(out) else results, json.dumps(rec, indent=1) + '\n')
     return head, rec
 

