@@ -506,7 +506,7 @@ def _run(p, args, argv, started):
         from dyspec_nb.engine import SpecDecoder
         from dyspec_nb.cost import cost_model
         try:
-            target, draft, tok = load_pair(args.target, args.draft, args.device, args.dtype)   # a device this machine lacks: before loading
+            target, draft, tok = load_pair(args.target, args.draft, args.device, args.dtype, need_draft=args.method != 'autoregressive')   # a device this machine lacks: before loading
             cuda = next(target.parameters()).device.type == 'cuda'
             if args.compile and args.step == 'auto' and not cuda: p.error("--compile compiles the device step, which --step auto takes on CUDA only: add --step device")
             if args.step == 'device' and not cuda:

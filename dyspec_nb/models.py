@@ -5,11 +5,12 @@
 # %% auto #0
 __all__ = ['TARGET_GGUF', 'SHIPPED_DRAFTS', 'DEFAULT_DRAFT', 'SHIPPED_HEAD_PRODUCTS', 'DTYPES', 'cache_dir', 'unwritable',
            'write_whole', 'package_file', 'smollm2_gguf', 'disk_full', 'free_bytes', 'megabytes', 'no_space',
-           'DiskFull', 'spare_folders', 'write_or_keep', 'model_bytes', 'load_target', 'chat_ids', 'placement',
-           'load_default_pair', 'damaged', 'load_local', 'load_local_target', 'load_pair', 'tiny_llama', 'hf_generate']
+           'DiskFull', 'spare_folders', 'write_or_keep', 'model_bytes', 'convert_gguf', 'load_target', 'chat_ids',
+           'placement', 'load_default_pair', 'is_gguf', 'gguf_dest', 'load_gguf', 'damaged', 'load_local',
+           'load_local_target', 'load_pair', 'tiny_llama', 'hf_generate']
 
 # %% ../nbs/api/05_models.ipynb #d3553f6d
-import atexit, copy, errno, re, stat, threading, warnings, time, importlib.util, os, shutil, tempfile
+import atexit, contextlib, copy, errno, fcntl, hashlib, re, stat, sys, threading, warnings, time, importlib.util, os, shutil, tempfile
 from functools import lru_cache
 from pathlib import Path
 import torch
@@ -150,15 +151,15 @@ def _shared(folder):
     umask = os.umask(0); os.umask(umask)
     for p in [folder, *Path(folder).rglob('*')]: os.chmod(p, (0o777 if p.is_dir() else 0o666) & ~umask)
 
-def _discard(dest, why):
+def _discard(dest, why, what='the converted target'):
     "Move a damaged cached copy `dest` out of the way (renamed first, so no reader finds half of it), then remove it; a warning says why."
-    warnings.warn(f"the converted target in {dest} is damaged ({why}): converting it again", RuntimeWarning, stacklevel=3)
+    warnings.warn(f"{what} in {dest} is damaged ({why}): converting it again", RuntimeWarning, stacklevel=4)
     gone = dest.with_name(f'{dest.name}.old{os.getpid()}-{time.time_ns()}')
     try: os.replace(dest, gone)
-    except OSError as e: raise ValueError(f"the converted target in {dest} is damaged ({why}) and cannot be moved away ({e.strerror}): delete that folder and run again") from None
+    except OSError as e: raise ValueError(f"{what} in {dest} is damaged ({why}) and cannot be moved away ({e.strerror}): delete that folder and run again") from None
     shutil.rmtree(gone, ignore_errors=True)
 
-def _save_atomically(model, tokenizer, dest):
+def _save_atomically(model, tokenizer, dest, what='the converted target'):
     """Save to a temporary folder next to `dest`, then move it into place: safe if two processes race, and a damaged copy
     in the way is replaced; remove what killed runs left. A disk without room for the model is said before writing."""
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -173,7 +174,7 @@ def _save_atomically(model, tokenizer, dest):
         try: os.replace(tmp, dest)
         except OSError:                               # a folder is in the way: another process's copy, as good, or a damaged one
             if (why := _unreadable(dest)) is None: return
-            _discard(dest, why); os.replace(tmp, dest)
+            _discard(dest, why, what); os.replace(tmp, dest)
     finally: shutil.rmtree(tmp, ignore_errors=True)
 
 def _read_converted(dest):
@@ -185,37 +186,60 @@ def _unreadable(dest):
     try: _read_converted(dest)
     except Exception as e: return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"   # safetensors, JSON, config or tokenizer errors alike
 
-@lru_cache(maxsize=2)
-def load_target(cache=True):
-    """`(model, tokenizer)`: SmolLM2-135M-Instruct in fp32, in eval mode (cached on disk after the first dequantisation). The
-    first run reads back what it saved, so that every run gets the same model; a cached copy that cannot be read (a run
-    killed while writing it, a file removed, a damaged disk) is moved away and converted again, with a warning that names
-    it. Where the cache's disk is full, the converted model runs from memory, with a warning that says so."""
-    dest = cache_dir() / 'smollm2-135m-instruct-f32'
+@contextlib.contextmanager
+def _converting(dest):
+    "Held while one process converts into `dest`: a second one waits for it (saying so once on standard error), then reads its copy."
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with open(dest.parent / f'.{dest.name}.lock', 'a') as f:
+        try: fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"dyspec: waiting for another process that converts {dest.name} ...", file=sys.stderr, flush=True)
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try: yield
+        finally: fcntl.flock(f, fcntl.LOCK_UN)
+
+def convert_gguf(f,                           # a GGUF file (any architecture transformers reads from GGUF)
+                 dest,                        # the folder of its converted copy in the cache
+                 what='the converted target', # how warnings name it
+                 cache=True):                 # False: convert in memory, nothing written
+    """`(model, tokenizer)` of the GGUF file `f`, dequantised to fp32 and cached in `dest`, in eval mode. The first run reads
+    back what it saved, so that every run gets the same model; a cached copy that cannot be read (a run killed while
+    writing it, a file removed, a damaged disk) is moved away and converted again, with a warning that names it; a second
+    process waits for the first instead of converting twice. Where the cache cannot be written, the copy goes to a
+    temporary folder; where its disk is full, the model runs from memory; a warning says which."""
+    dest = Path(dest)
     if cache and dest.exists():
-        try: model, tok = _read_converted(dest); return _ready(model, tok)
+        try: return _ready(*_read_converted(dest))
         except Exception as e:                                          # a file missing or cut short: safetensors, JSON, config or tokenizer errors alike
-            _discard(dest, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+            _discard(dest, f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}", what)
     if cache and (why := unwritable(dest.parent)):                      # before converting: a cache that cannot be written
         tmp = Path(tempfile.mkdtemp(prefix='dyspec_nb-target-')); atexit.register(shutil.rmtree, tmp, True)
-        warnings.warn(f"cannot write the model cache {dest.parent} ({why}): the converted target goes to {tmp}, removed at exit; "
-                      "set DYSPEC_CACHE to a writable folder to convert it only once", RuntimeWarning, stacklevel=2)
+        warnings.warn(f"cannot write the model cache {dest.parent} ({why}): {what} goes to {tmp}, removed at exit; "
+                      "set DYSPEC_CACHE to a writable folder to convert it only once", RuntimeWarning, stacklevel=3)
         dest = tmp / dest.name
-    f = smollm2_gguf()
-    verbosity = hf_logging.get_verbosity(); hf_logging.set_verbosity_error()
-    try:
-        tok = AutoTokenizer.from_pretrained(f.parent, gguf_file=f.name)
-        model = AutoModelForCausalLM.from_pretrained(f.parent, gguf_file=f.name, dtype=torch.float32)
-    finally: hf_logging.set_verbosity(verbosity)
-    if cache:
-        try: _save_atomically(model, tok, dest)
+    with _converting(dest) if cache else contextlib.nullcontext():
+        if cache and dest.exists():                                     # another process converted it while this one waited
+            try: return _ready(*_read_converted(dest))
+            except Exception: pass                                      # ... and left it damaged: replaced below
+        f = Path(f)
+        verbosity = hf_logging.get_verbosity(); hf_logging.set_verbosity_error()
+        try:
+            tok = AutoTokenizer.from_pretrained(f.parent, gguf_file=f.name)
+            model = AutoModelForCausalLM.from_pretrained(f.parent, gguf_file=f.name, dtype=torch.float32)
+        finally: hf_logging.set_verbosity(verbosity)
+        if not cache: return _ready(_plain_copy(model), tok)
+        try: _save_atomically(model, tok, dest, what)
         except Exception as e:
             if not disk_full(e): raise
-            warnings.warn(f"cannot cache the converted target: {no_space(dest.parent, model_bytes(model))}; it runs from memory, "
-                          "and every run converts it again until that disk has room (or DYSPEC_CACHE names one that has)", RuntimeWarning, stacklevel=2)
-            return _ready(_plain_copy(model).eval(), tok)
-        model, tok = _read_converted(dest)
-    return _ready(model, tok)
+            warnings.warn(f"cannot cache {what}: {no_space(dest.parent, model_bytes(model))}; it runs from memory, "
+                          "and every run converts it again until that disk has room (or DYSPEC_CACHE names one that has)", RuntimeWarning, stacklevel=3)
+            return _ready(_plain_copy(model), tok)
+    return _ready(*_read_converted(dest))
+
+@lru_cache(maxsize=2)
+def load_target(cache=True):
+    "`(model, tokenizer)`: SmolLM2-135M-Instruct in fp32, in eval mode: the embedded GGUF file, converted once into the cache (`convert_gguf`)."
+    return convert_gguf(smollm2_gguf(), cache_dir() / 'smollm2-135m-instruct-f32', cache=cache)
 
 def _ready(model, tok):
     model.generation_config.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
@@ -225,8 +249,11 @@ def _ready(model, tok):
 def chat_ids(tokenizer, messages, control_tokens=False):
     """LongTensor[1, L]: `messages` (a string or a list of {'role', 'content'}) formatted with the chat template. The
     template's own control tokens are control tokens; one spelled in a message's text (`<|im_end|>`) is plain text,
-    unless `control_tokens`."""
+    unless `control_tokens`. A tokenizer without a chat template (a base model's) gets the messages' text, with a warning."""
     if isinstance(messages, str): messages = [{'role': 'user', 'content': messages}]
+    if not getattr(tokenizer, 'chat_template', None):                  # a base model: it continues the text
+        warnings.warn("the model has no chat template (a base model, not an instruction-tuned one): it continues the text as written", UserWarning, stacklevel=2)
+        return torch.tensor([tokenizer('\n\n'.join(m['content'] for m in messages), split_special_tokens=not control_tokens)['input_ids']])   # [1, L]
     if control_tokens:
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors='pt', return_dict=True)['input_ids']
     marks = [f'\ue000{i}\ue001' for i in range(len(messages))]          # private-use characters: no template writes them
@@ -322,26 +349,52 @@ def _why_not(name, e):
     if p.exists(): return 'it is a file, not a folder'
     return 'no such folder, and no such name in the local Hugging Face cache (nothing is downloaded)'
 
+def is_gguf(name):
+    "Whether `name` is a GGUF file (by its first bytes, whatever its name)."
+    p = Path(name)
+    try: return p.is_file() and p.open('rb').read(4) == b'GGUF'
+    except OSError: return False
+
+def gguf_dest(f):
+    "The cache folder of the GGUF file `f` converted: its name and a digest of its size and first and last MiB, so that the same file has one copy wherever it lies, and a changed one is converted again."
+    f = Path(f); size = f.stat().st_size
+    with f.open('rb') as fh:
+        head = fh.read(2**20); fh.seek(max(0, size - 2**20)); tail = fh.read()
+    digest = hashlib.sha1(str(size).encode() + head + tail).hexdigest()[:10]
+    return cache_dir() / f"{re.sub(r'[^a-z0-9._-]+', '-', f.stem.lower())}-{digest}-f32"
+
+def load_gguf(f):
+    "`(model, tokenizer)` of any GGUF file that transformers reads (llama, qwen2, gemma3, mistral, phi3, ...), fp32, converted once into the cache (`convert_gguf`); a ValueError in one line where it cannot be."
+    try: return convert_gguf(f, gguf_dest(f), what=f'the converted {Path(f).name}')
+    except Exception as e:                                              # an architecture transformers does not read, a file cut short (struct.error), ...
+        if disk_full(e): raise
+        raise ValueError(f"cannot load the GGUF file {str(f)!r}: {type(e).__name__}: {' '.join(str(e).split())}") from None
+
 def damaged(name, e):
     "The one line for a model folder `name` whose weights file is damaged (cut short, overwritten): safetensors' error `e`, and what to do."
     return f"cannot load the model {name!r}: its weights file is damaged or cut short ({' '.join(str(e).split())}); copy or save the model again"
 
 def load_local(name):
-    "A causal LM (fp32, eval mode) from a local folder or a name in the local cache; a ValueError saying why not, in one line."
+    "A causal LM (fp32, eval mode) from a local folder, a GGUF file or a name in the local cache; a ValueError saying why not, in one line."
+    if is_gguf(name): return load_gguf(name)[0]
     try: return AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, local_files_only=True).eval()
     except SafetensorError as e: raise ValueError(damaged(name, e)) from None
     except (OSError, ValueError) as e:
         raise ValueError(f"cannot load the model {name!r} (a folder saved with save_pretrained, or a name in the local cache): {_why_not(name, e)}") from None
 
 def load_local_target(name=None):
-    "`(model, tokenizer)`: the embedded target (`name` None), or a causal LM and its tokenizer from a local folder or cached name."
+    "`(model, tokenizer)`: the embedded target (`name` None), or a causal LM and its tokenizer from a local folder, a GGUF file or a cached name."
     if name is None: return _cached_target()
+    if is_gguf(name): return load_gguf(name)
     t = load_local(name)
     try: return t, AutoTokenizer.from_pretrained(name, local_files_only=True)
     except (OSError, ValueError) as e: raise ValueError(f"no tokenizer with the target {name!r}: {_why_not(name, e)}") from None
 
-def load_pair(target=None, draft=None, device=None, dtype=None):
-    "`(target, draft, tokenizer)`: the embedded pair, or models from local folders or names in the local cache; `draft` 'head' or 'token' is a shipped one; on `device` in `dtype` (`placement`)."
+def load_pair(target=None, draft=None, device=None, dtype=None, need_draft=True):
+    """`(target, draft, tokenizer)`: the embedded pair, or models from local folders, GGUF files or names in the local
+    cache; `draft` 'head' or 'token' is a shipped one; on `device` in `dtype` (`placement`). A target of another
+    vocabulary with no `draft` is refused in one line that names the ways out, unless `need_draft` is False (plain
+    decoding): then the draft is None."""
     dev, dt = placement(device, dtype)                             # before any model loads
     if draft in SHIPPED_DRAFTS and Path(draft).exists():
         warnings.warn(f"{draft!r} names the shipped {draft} draft and a local {'folder' if Path(draft).is_dir() else 'file'}: "
@@ -349,7 +402,14 @@ def load_pair(target=None, draft=None, device=None, dtype=None):
     if target is None and (draft is None or draft in SHIPPED_DRAFTS): return load_default_pair(draft, dev, dt)
     t, tok = load_local_target(target)
     t = _placed(t, dev, dt) if target is None else t.to(dev, dt)   # the embedded target is cached: a copy; a folder's is ours
-    if draft is None or draft == 'token': d = _placed(_cached_draft('token'), dev, dt)   # another target: the token draft (SpecDecoder checks the vocabularies)
+    if draft is None or draft == 'token':                          # another target: the token draft, where it shares the vocabulary
+        d = _cached_draft('token')
+        if target is not None and t.config.vocab_size != d.config.vocab_size:
+            if draft is None and not need_draft: return t, None, tok
+            raise ValueError(f"no draft for the target {target!r}: the shipped drafts are for SmolLM2-135M-Instruct's vocabulary of {d.config.vocab_size:,} "
+                             f"tokens and this target has {t.config.vocab_size:,}; give a draft that shares its tokenizer, or train a head for it "
+                             f"(dyspec train-draft --target {target} --out HEAD) and give that as the draft")
+        d = _placed(d, dev, dt)
     elif draft == 'head': d = _shipped_head(t) if _is_default(dev, dt) else load_head(head_dir(), t, dtype=dt).to(dev)
     elif is_head_folder(draft): d = load_head(draft, t, dtype=dt).to(dev)   # ... and for any head: made for this target?
     else: d = load_local(draft).to(dev, dt)
