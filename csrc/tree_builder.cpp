@@ -228,16 +228,19 @@ static const double* uniforms_of(const py::array_t<double, py::array::c_style | 
 }
 
 // The cost rule of nbs/02_builders.ipynb ("Cost-aware trees"), as the Python _Pace: draw the (n + 1)-th token in a slot
-// of value v only if g C > (1 + A) dC, g = v r-bar (the mean r-bar of the rows fetched so far when the slot's node needs
-// a draft call, which then adds `call` to dC). Off when no costs are given.
+// of value v only if g C > (1 + k A) dC, g = k v r-bar (the mean r-bar of the rows fetched so far when the slot's node
+// needs a draft call, which then adds `call` to dC). The calibration k also applies per token of depth: a child's slot is
+// worth v r per_token, per_token = min(k, 1), so that values still fall along every path. Off when no costs are given
+// (per_token 1: the uncalibrated values).
 struct Pace {
     bool on = false;
     std::vector<double> t;           // t[n]: seconds of a step with n draft tokens (convex, non-decreasing)
     double c = 0.0, k = 1.0, accepted = 0.0, rbar_sum = 0.0;   // k: StepCosts.scale, the calibration of the estimate
+    double per_token = 1.0;          // min(k, 1): the calibration of each token of depth in a child's slot value
     i64 calls = 0, rows = 0;
     Pace(const py::object& verify, double call, double scale, i64 budget) {
         if (verify.is_none()) return;
-        on = true; c = call; k = scale;
+        on = true; c = call; k = scale; per_token = std::min(scale, 1.0);
         t = verify.cast<std::vector<double>>();
         if ((i64)t.size() < budget + 1) throw py::value_error("costs cover fewer draft tokens than the budget");
     }
@@ -285,7 +288,8 @@ py::tuple dyspec_greedy(i64 root, py::function expand, i64 budget,
         if (pace.on) pace.drew(v, r);
         R.remove(y);
         if (v * (1 - r) > 0 && !R.exhausted()) heap.push({key(v * (1 - r), R), tick++, s.node, v * (1 - r)});
-        if (v * r > 0 && (max_depth < 0 || b.depths[child] < max_depth)) heap.push({v * r, tick++, child, v * r});
+        const double vc = v * r * pace.per_token;            // the child's first slot (v r * 1.0 == v r without costs)
+        if (vc > 0 && (max_depth < 0 || b.depths[child] < max_depth)) heap.push({vc, tick++, child, vc});
     }
     return b.result();
 }
@@ -324,7 +328,8 @@ py::tuple dyspec_threshold(i64 root, py::function expand, i64 budget,
             if (pace.on) pace.drew(s.v, r);
             R.remove(y);
             if (s.v * (1 - r) >= threshold && !R.exhausted()) heap.push({s.v * (1 - r), tick++, s.node});
-            if (s.v * r >= threshold && (max_depth < 0 || b.depths[child] < max_depth)) nxt.push_back({child, s.v * r});
+            const double vc = s.v * r * pace.per_token;      // the child's first slot
+            if (vc >= threshold && (max_depth < 0 || b.depths[child] < max_depth)) nxt.push_back({child, vc});
         }
         layer = std::move(nxt);
     }

@@ -125,6 +125,7 @@ def dyspec(root_token, draft, budget, generator=None, *,
     heap = [(-1.0, next(tick), 0, 1.0)]             # (-key, tie-break, node, value v): "the next child of node"
     residual = {}                                   # node -> DraftResidual, created on its first expansion
     key = lambda v, R: v * R.expected_r(True) if top else v   # top draws: the estimate v r of the token the slot would add, once its row is read
+    kd = pace.per_token if pace else 1.0               # the calibration per token of depth (see "Cost-aware trees"); 1 without costs
     while heap and b.n <= budget:
         _, _, u, v = heapq.heappop(heap)
         if u not in residual:
@@ -140,7 +141,7 @@ def dyspec(root_token, draft, budget, generator=None, *,
         if pace: pace.drew(v, r)
         R.remove(y)
         if v * (1 - r) > 0 and not R.exhausted: heapq.heappush(heap, (-key(v * (1 - r), R), next(tick), u, v * (1 - r)))
-        if v * r > 0 and (max_depth is None or b.depths[child] < max_depth): heapq.heappush(heap, (-v * r, next(tick), child, v * r))
+        if v * r * kd > 0 and (max_depth is None or b.depths[child] < max_depth): heapq.heappush(heap, (-v * r * kd, next(tick), child, v * r * kd))
     return b.result()
 
 # %% ../nbs/api/02_builders.ipynb #8857cde6
@@ -149,6 +150,7 @@ def _threshold_tree(root_token, draft, budget, generator, threshold, max_depth, 
     pace = None if costs is None else _Pace(costs, budget)
     us = _draw_uniforms(budget, generator, backend, draws)           # [budget]: the uniform of the k-th draw is us[k] (-1: a top draw)
     top = draws == 'top'
+    kd = pace.per_token if pace else 1.0                        # the calibration per token of depth; 1 without costs
     if _native(backend):
         report = {}
         tree, q = build_native('threshold', root_token, draft, budget, us, threshold=threshold, max_depth=max_depth,
@@ -173,7 +175,7 @@ def _threshold_tree(root_token, draft, budget, generator, threshold, max_depth, 
             if pace: pace.drew(v, r)
             R.remove(y)
             if v * (1 - r) >= threshold and not R.exhausted: heapq.heappush(heap, (-v * (1 - r), next(tick), u, R))
-            if v * r >= threshold and (max_depth is None or b.depths[child] < max_depth): nxt.append((child, v * r))
+            if v * r * kd >= threshold and (max_depth is None or b.depths[child] < max_depth): nxt.append((child, v * r * kd))
         layer = nxt
     return (*b.result(), cut)
 
@@ -264,6 +266,7 @@ class _Pace:
         if not isinstance(costs, StepCosts): raise ValueError(f"costs must be a StepCosts (or None), got {type(costs).__name__}")
         if costs.cap < budget: raise ValueError(f"costs cover {costs.cap} draft tokens, fewer than the budget of {budget}")
         self.t, self.c, self.k = costs.verify, costs.call, costs.scale
+        self.per_token = min(self.k, 1.0)                   # a child's slot is worth v r per_token: the calibration per token, at most 1
         self.accepted, self.calls, self.rbar = 0.0, 0, []   # A, k, and r-bar of every row fetched
     def called(self, rbars):
         "One draft call fetched rows with these expected draw probabilities."

@@ -17,7 +17,7 @@ from .builders import sequoia_shape, specinfer_sizes, DEFAULT_ACCEPTANCE, OPT_TR
 from .verify import sampling_probs
 from .static import StaticCache, static_forward, graph_mode, run_bucket
 from .head import StaticHeadCache, lean_head_layer, head_weights, is_head, check_head_target
-from .forward import prefill, input_device, lean_supported, additive_mask
+from .forward import prefill, input_device, lean_supported, additive_mask, NO_ROWS
 
 # %% ../nbs/api/07e_device_step.ipynb #8b135ce0
 def ancestors(parents):
@@ -392,7 +392,7 @@ class DeviceStep:
         self.tcache.n = 0
         self.tfeat.zero_()
         if L > 1:
-            _, f = prefill(self.target, torch.tensor(prompt[:-1]), self.tcache, hidden=head.config.layers)   # [L - 1, 3H]
+            _, f = prefill(self.target, torch.tensor(prompt[:-1]), self.tcache, keep=NO_ROWS, hidden=head.config.layers)   # [L - 1, 3H]; no logits read
             feats = f.to(dev, head.dtype)
             self.tfeat[0] = feats[-1]
         if L > 2:                                                                    # the head reads positions 1..L-2 as text
@@ -495,7 +495,7 @@ class DevicePlain:
         L = len(prompt)
         if not 1 <= L <= self.capacity - 1: raise ValueError(f"a prompt of {L} tokens does not fit a capacity of {self.capacity}")
         self.tcache.n = 0
-        if L > 1: prefill(self.target, torch.tensor(prompt[:-1]), self.tcache)
+        if L > 1: prefill(self.target, torch.tensor(prompt[:-1]), self.tcache, keep=NO_ROWS)   # no logits read
         self.r.fill_(L - 1); self.last.fill_(prompt[-1])
 
     def randomness(self, temperature=0.0, draws=None, generator=None):

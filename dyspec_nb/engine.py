@@ -4,9 +4,9 @@
 
 # %% auto #0
 __all__ = ['PHASES', 'AUTO_CAP', 'DEVICE_OPTIONS', 'DEVICE_AUTO_BUDGETS', 'DEVICE_AUTO_DEPTHS', 'DEVICE_PROBE_STEPS',
-           'PROBE_EVERY', 'DRAFT_TEMPERATURE', 'StepRecord', 'StepTrace', 'GenerationStats', 'GenerationOutput',
-           'SpecDecoder', 'decode_step', 'root_call_pays', 'compare_methods', 'methods_markdown', 'continuation',
-           'teacher_forced_rows']
+           'PROBE_EVERY', 'DRAFT_TEMPERATURE', 'CALIBRATION_PRIOR', 'StepRecord', 'StepTrace', 'GenerationStats',
+           'GenerationOutput', 'SpecDecoder', 'decode_step', 'root_call_pays', 'compare_methods', 'methods_markdown',
+           'continuation', 'teacher_forced_rows']
 
 # %% ../nbs/api/08_engine.ipynb #66171767
 import time
@@ -15,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 from .tree import TokenTree
 from .builders import BUILDERS, COST_AWARE, DRAWS, MAX_BUDGET, TOP_DRAWS, run_options
-from .verify import sampling_probs, verify_path
+from .verify import sampling_probs, verify_path, as_count
 from .tree_attention import tree_mask, register_tree_attention, kernel_verified, kernel_pays
 from .small_linear import use_small_linear
 from .forward import DraftSession, additive_mask, forward, prefill, keep_positions, input_device, new_cache, lean_supported
@@ -108,7 +108,8 @@ def _context(model):
 
 def _eos_ids(model, eos_token_id):
     e = eos_token_id if eos_token_id is not None else model.generation_config.eos_token_id
-    return set() if e is None else set([e] if isinstance(e, int) else e)
+    if e is None: return set()
+    return {as_count(e)} if as_count(e) is not None else {as_count(x) for x in e}
 
 AUTO_CAP = 64          # budget='auto': the default cap on draft tokens per step
 
@@ -171,10 +172,11 @@ def _device_shape(method, budget, options, vocab):
 def _check_cap(name, value, context=1 << 30):
     "`value`, a budget or its cap: an integer from 1 to `MAX_BUDGET`, and to `context` - 2 (a tree, its root and one prompt token fill the context)."
     hi = min(MAX_BUDGET, context - 2)
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= hi:
+    n = as_count(value)                                          # a NumPy or 0-d tensor integer counts as its int
+    if n is None or not 1 <= n <= hi:
         why = f" (the models' context is {context} positions)" if hi < MAX_BUDGET else ''
         raise ValueError(f"{name} must be an integer between 1 and {hi} draft tokens{why}, got {value!r}")
-    return value
+    return n
 
 class SpecDecoder:
     "Speculative decoding of a Hugging Face target with a draft of the same vocabulary (a causal LM or a `FeatureHead`), using any builder in `BUILDERS`."
@@ -220,7 +222,8 @@ class SpecDecoder:
             vt, vd = _vocab_size(target), _vocab_size(draft)
             if vt != vd or target.config.vocab_size != draft.config.vocab_size:
                 raise ValueError(f"target and draft vocabularies differ: target has {vt} logits "
-                                 f"(config {target.config.vocab_size}), draft {vd} (config {draft.config.vocab_size})")
+                                 f"(config {target.config.vocab_size}), draft {vd} (config {draft.config.vocab_size}); give a draft "
+                                 "that shares the target's tokenizer, or train a head for the target (dyspec train-draft --target TARGET)")
         if attention not in ('auto', 'triton', 'default'):
             raise ValueError(f"attention must be 'auto', 'triton' or 'default', got {attention!r}")
         self.target, self.draft, self.method, self.budget, self.options = target, draft, method, budget, options
@@ -331,6 +334,7 @@ def decode_step(target, draft, seq, tcache, dcache, build, budget, generator, *,
 # %% ../nbs/api/08_engine.ipynb #959d15a2
 PROBE_EVERY = 8          # budget='auto': a step calls the draft at least this often, to keep measuring it
 DRAFT_TEMPERATURE = 0.6  # the draft rows' default temperature (the DySpec paper's); also their estimates when the draft is asked for temperature 0
+CALIBRATION_PRIOR = 0.5  # budget='auto': accepted tokens per estimated token before any is measured (a draft believes itself more than it is right)
 
 def root_call_pays(costs, accept):
     "Whether calling the draft at the root pays: its first token, accepted with probability `accept` (the mean so far), against t(1) - t(0) + one call."
@@ -362,8 +366,9 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
     "Generate up to `max_new_tokens` tokens after `input_ids` (LongTensor[1, L]); stops after an EOS token; `trace` keeps a `StepTrace` per step."
     t_start = time.perf_counter()
     seq = _as_prompt(input_ids)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    n = as_count(max_new_tokens)
+    if n is None or n < 1: raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    max_new_tokens = n
     ctx = min(_context(self.target), _context(self.draft))
     if len(seq) + max_new_tokens > ctx:
         raise ValueError(f"the prompt ({len(seq)} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the context of {ctx} positions")
@@ -375,8 +380,10 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
     try: sampling_probs(torch.zeros(1, 2), **draft_sampling)
     except ValueError as e: raise ValueError(f"draft_{e}") from None
     if top_k == 1: temperature, top_p, top_k = 0.0, 1.0, 0; sampling = dict(temperature=0.0)   # the most probable token: greedy decoding
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
-        raise ValueError(f"seed must be an integer in [0, 2**63 - 1], got {seed!r}")
+    if seed is not None:
+        s = as_count(seed)
+        if s is None or not 0 <= s < 2**63: raise ValueError(f"seed must be an integer in [0, 2**63 - 1], got {seed!r}")
+        seed = s
     emit, end = _stream(streamer, seq)
     g = torch.Generator()
     g.manual_seed(torch.seed() if seed is None else seed)
@@ -405,20 +412,20 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
         if self.method in TOP_DRAWS: options['draws'] = 'top'
         draft_sampling = dict(temperature=DRAFT_TEMPERATURE)
     n_prompt = len(seq)
-    calib = [1.0, 1.0, 1]         # budget='auto': sums of root_accept and root_estimate, and their steps, after a prior step
+    acc, est, steps = 0.0, 0.0, 0 # budget='auto': sums of root_accept and root_estimate, and the steps that measured them
     skipped = 0                   # steps in a row without a draft call
     with use_small_linear(self.target, self.small_linear), use_small_linear(self.draft, self.small_linear):
         while len(seq) - n_prompt < max_new_tokens:
             budget = 0 if self.method == 'autoregressive' else min(self.budget, ctx - len(seq))   # no node past the context
             if self.auto:
-                options['costs'] = c = self.options['costs'].with_scale(calib[0] / calib[1])
-                if budget and skipped < PROBE_EVERY - 1 and not root_call_pays(c, calib[0] / calib[2]): budget = 0
+                options['costs'] = c = self.options['costs'].with_scale((CALIBRATION_PRIOR + acc) / (1.0 + est))   # after a prior step of estimate 1
+                if budget and skipped < PROBE_EVERY - 1 and not root_call_pays(c, (1.0 + acc) / (1 + steps)): budget = 0   # ... whose token was accepted: the draft is tried
                 skipped = 0 if budget else skipped + 1
             out, rec = decode_step(self.target, self.draft, seq, tcache, dcache, build, budget, g, sampling=sampling,
                                    draft_sampling=draft_sampling, options=options, prefetch=self.prefetch, kernel=self.kernel,
                                    eos=eos, max_tokens=max_new_tokens - (len(seq) - n_prompt), trace=trace)
             seq += out
-            if rec.root_estimate: calib[0] += rec.root_accept; calib[1] += rec.root_estimate; calib[2] += 1
+            if rec.root_estimate: acc += rec.root_accept; est += rec.root_estimate; steps += 1
             stats.records.append(rec)
             emit(out)
             if out[-1] in eos: break

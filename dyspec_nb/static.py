@@ -9,7 +9,7 @@ __all__ = ['BUCKETS', 'GRAPH_MODES', 'bucket_for', 'replay', 'emulate_replay', '
 # %% ../nbs/api/06e_static.ipynb #2e3cae6a
 import warnings
 import torch
-from .forward import LeanCache, lean_forward, lean_layers, layer_states, output_logits
+from .forward import LeanCache, lean_forward, lean_layers, layer_states, output_logits, causal_mask
 
 # %% ../nbs/api/06e_static.ipynb #acecea49
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)      # tree sizes in nodes, root included, that a static step is made for
@@ -134,13 +134,14 @@ class StaticCache(LeanCache):
         return run_bucket(self.graphs, buf, lambda: static_forward(self.model, self, buf), self.device)
 
     def run(self, model, ids, positions, mask, keep=None, hidden=None):
-        "`forward` on this cache: the rows of `lean_forward` (ids, positions LongTensor[q]; mask [1, 1, q, n + q]), from the padded forward of q's bucket."
+        "`forward` on this cache: the rows of `lean_forward` (ids, positions LongTensor[q]; mask [1, 1, q, n + q], or None for a causal chain: `causal_mask` in a bucket, the lean forward's own causal path past them), from the padded forward of q's bucket."
         if model is not self.model: raise ValueError(f"this StaticCache was made for another model ({type(self.model).__name__})")
         if (tuple(hidden) if hidden else None) != self.hidden: raise ValueError(f"this StaticCache returns the states of layers {self.hidden}, not {hidden}")
         q, P = len(ids), self.n
         B = pick_bucket(self, q, self.k.shape[2], f"a forward of {q} tokens")
         if B is None: return lean_forward(model, ids, positions, mask, self, keep, hidden)
         buf, dev = self.buffers(B), self.device
+        if mask is None: mask = causal_mask(q, P + q, self.dtype)  # a bucket's mask is explicit: at most max(buckets) rows
         fill_step(buf, ids.to(dev), positions.to(dev), mask.to(dev, self.dtype), P)
         logits, states = self._replay(buf)
         self.n = P + q                                           # the padding's slots lie past the cache's end

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from .tree import random_tree
 from .tree_attention import tree_mask
 from .small_linear import use_small_linear, small_linear
-from .forward import additive_mask, causal_mask, input_device, forward, prefill, crop_to, new_cache
+from .forward import additive_mask, causal_mask, input_device, forward, prefill, crop_to, new_cache, NO_ROWS
 
 # %% ../nbs/api/06c_timing.ipynb #b8302370
 @torch.no_grad()
@@ -36,7 +36,7 @@ def forward_seconds(models,         # {name: model}, timed in turn, rep by rep
     caches = {name: cache_for(m) if cache_for else new_cache(m, lean) for name, m in models.items()}
     ids = torch.randint(V, (prefix,), generator=g)
     if prefix:
-        for name, m in models.items(): prefill(m, ids, caches[name])
+        for name, m in models.items(): prefill(m, ids, caches[name], keep=NO_ROWS)
     shapes = {}
     for n in sizes:                                              # (ids LongTensor[n], positions LongTensor[n], Bool[n, prefix + n])
         if tree:

@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['MIN_TEMPERATURE', 'verify_path', 'verify', 'child_acceptance', 'expected_accepted', 'estimate_acceptance',
-           'greedy_path', 'verify_greedy', 'sampling_probs']
+           'greedy_path', 'verify_greedy', 'as_count', 'sampling_probs']
 
 # %% ../nbs/api/03_verify.ipynb #0e6ffd27
 import math, numbers, operator
@@ -156,9 +156,9 @@ def _real(x):
     if isinstance(x, torch.Tensor) and x.dim() == 0 and x.dtype != torch.bool: x = x.item()
     return float(x) if isinstance(x, numbers.Real) else x
 
-def _count(x):
-    "`x` as an int where it is an integer (Python's, NumPy's, a 0-d integer tensor's), else None; a bool is not one."
-    if isinstance(x, bool): return None
+def as_count(x):
+    "`x` as an int where it is an integer (Python's, NumPy's, a 0-d integer tensor's), else None; a bool is not one: how the library reads a count, a budget, a length or a seed."
+    if isinstance(x, bool) or isinstance(x, torch.Tensor) and x.dim() != 0: return None   # tensor([8]) is a list of one, not a count
     try: return operator.index(x)
     except TypeError: return None
 
@@ -173,7 +173,7 @@ def sampling_probs(logits,          # FloatTensor[..., V]: logits (or log-probab
     if not (isinstance(temperature, float) and 0 <= temperature < math.inf):
         raise ValueError(f"temperature must be a finite number >= 0, got {_shown(temperature)}")
     if not (isinstance(top_p, float) and 0 < top_p <= 1): raise ValueError(f"top_p must be a number in (0, 1], got {_shown(top_p)}")
-    k = _count(top_k)
+    k = as_count(top_k)
     if k is None or k < 0: raise ValueError(f"top_k must be a non-negative integer, got {_shown(top_k)}")
     top_k = k
     logits = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
