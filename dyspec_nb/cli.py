@@ -82,7 +82,7 @@ def generate_text(dec, tokenizer, messages, max_new_tokens=128, temperature=0.0,
     print(line, file=err)
     return text, s, base
 
-API_WORDS = [(r"\bstep='(\w+)'", r'--step \1'), (r'\bcompile=True\b', '--compile'), (r"\bbudget='auto'", '--budget auto'),
+API_WORDS = [(r"\bstep='(\w+)'", r'--step \1'), (r"\bdtype='(\w+)'", r'--dtype \1'), (r'\bcompile=True\b', '--compile'), (r"\bbudget='auto'", '--budget auto'),
              (r"\bdraws='(\w+)'", r'--draws \1'), (r'\bdraws=', '--draws'), (r'\b(max_new_tokens|draft_temperature|max_budget|top_p|top_k)\b', None),
              (r'^temperature\b', '--temperature'), (r'^budget\b', '--budget'), (r'^seed\b', '--seed')]
 
@@ -267,7 +267,7 @@ def bench_parser(p):
 def bench_run(args, argv=()):
     "Run `dyspec bench` from parsed `args`; returns the record."
     from dyspec_nb.bench import QUICK, FULL, parse_method, load_prompts, bench_settings, check_resumable, bench, bench_markdown, write_bench
-    from dyspec_nb.models import load_pair, write_or_keep, disk_full, no_space, DiskFull
+    from dyspec_nb.models import load_pair, write_or_keep, disk_full, no_space, DiskFull, peak_memory, megabytes
     from dyspec_nb.data import sharegpt_prompts
     from dyspec_nb.engine import SpecDecoder
     s = dict(QUICK if args.quick else FULL)
@@ -310,6 +310,7 @@ def bench_run(args, argv=()):
     rec = bench(target, draft, prompts, s['methods'], s['temperatures'], s['budgets'], s['max_new_tokens'], args.draft_temperature,
                 args.seed, cal, s['calibration_tokens'], progress=not args.quiet, command='dyspec ' + shlex.join(['bench', *argv]),
                 previous=previous, redo=args.redo or (), draws=args.draws, checkpoint=checkpoint)
+    rec['peak_memory_mb'] = peak_memory() / 2**20                                             # of this process, models included
     nbytes = 2 * len(json.dumps(rec, indent=1, default=str)) + 2**19                           # the record, its tables, two plots
     try: write_or_keep(lambda path: write_bench(rec, path), args.out, nbytes, 'the bench record')
     except DiskFull as e:
@@ -317,14 +318,14 @@ def bench_run(args, argv=()):
         if e.kept is None: print(json.dumps(rec, indent=1, default=str)); raise DiskFull(f"{e}: it is printed above") from None
         raise
     print(bench_markdown(rec))
-    print(f"\nwrote {args.out}, {args.out.with_suffix('.md')} and the plots beside them ({rec['seconds']:.0f} s)", file=sys.stderr)
+    print(f"\nwrote {args.out}, {args.out.with_suffix('.md')} and the plots beside them ({rec['seconds']:.0f} s, peak memory {megabytes(peak_memory())})", file=sys.stderr)
     return rec
 
 def train_draft_run(args, started=None):
-    "`dyspec train-draft`: a head for `--target` by the hour's recipe or the shipped head's (`--recipe`, 07d_head_recipe), written to `--out` with its record; None if `--out` is in use. The hour's `--minutes` count from `started` (a `time.time()`, default now): imports and loading count too."
+    "`dyspec train-draft`: a head for `--target` by the hour's recipe or the shipped head's (`--recipe`, 07d_head_recipe), written to `--out` with its record, and for a `--target` a copy kept in the cache (`keep_head`), which makes it that target's draft when no `--draft` is given; None if `--out` is in use. The hour's `--minutes` count from `started` (a `time.time()`, default now): imports and loading count too."
     import torch
     from dyspec_nb.head_recipe import HeadRecipe, build_head, ShippedRecipe, build_shipped_head, MIN_MINUTES, machine_dtypes
-    from dyspec_nb.models import load_local_target, placement
+    from dyspec_nb.models import load_local_target, placement, keep_head
     if args.recipe == 'shipped':
         extra = [f'--{k.replace("_", "-")}' for k in ('minutes', 'conversations', 'steps', 'serve_vocab', 'dtype') if getattr(args, k) is not None]
         if extra: raise ValueError(f"{', '.join(extra)} {'set' if len(extra) > 1 else 'sets'} the hour's recipe; the shipped recipe is fixed (--scale makes it smaller)")
@@ -346,9 +347,13 @@ def train_draft_run(args, started=None):
         r = machine_dtypes(r, dev.type) if args.dtype is None else dataclasses.replace(r, feature_dtype=args.dtype, train=dataclasses.replace(r.train, compute_dtype=args.dtype))
     command = 'dyspec ' + shlex.join(['train-draft', *getattr(args, 'argv', ())])
     if args.recipe == 'shipped':
-        return build_shipped_head(target, tok, out, r, results=out / 'recipe.json', progress=not args.quiet, command=command)[1]
-    minutes = (args.minutes or 60.0) - (time.time() - t0) / 60                   # the limit counts the imports and the target's loading too
-    return build_head(target, tok, out, r, minutes, results=out / 'recipe.json', progress=not args.quiet)[1]
+        rec = build_shipped_head(target, tok, out, r, results=out / 'recipe.json', progress=not args.quiet, command=command)[1]
+    else:
+        minutes = (args.minutes or 60.0) - (time.time() - t0) / 60               # the limit counts the imports and the target's loading too
+        rec = build_head(target, tok, out, r, minutes, results=out / 'recipe.json', progress=not args.quiet)[1]
+    if args.target is not None and not rec.get('disk_full') and not rec.get('interrupted'):   # a whole head: the target's draft from now on
+        kept = keep_head(out, target); rec['kept'] = None if kept is None else str(kept)
+    return rec
 
 def train_draft_summary(rec):
     "The line `dyspec train-draft` prints about the head it wrote, from its record."
@@ -545,6 +550,7 @@ def _run(p, args, argv, started):
         if rec.get('interrupted'):
             print(f"\ndyspec: interrupted; wrote the head trained so far to {args.out}: {train_draft_summary(rec)}", file=sys.stderr); return 130
         print(f"wrote {args.out}: {train_draft_summary(rec)}", file=sys.stderr)
+        if rec.get('kept'): print(f"kept a copy in {rec['kept']}: --target {args.target} takes it as its draft when no --draft is given", file=sys.stderr)
     elif args.command == 'readme':
         if not args.index.exists(): p.error(f"{args.index} not found (run from the project root)")
         try: text = render_readme(args.index)
