@@ -109,7 +109,8 @@ def _context(model):
 def _eos_ids(model, eos_token_id):
     e = eos_token_id if eos_token_id is not None else model.generation_config.eos_token_id
     if e is None: return set()
-    return {as_count(e)} if as_count(e) is not None else {as_count(x) for x in e}
+    one = as_count(e)                                            # one id (a NumPy or 0-d tensor integer too), else several
+    return {one} if one is not None else {as_count(x) for x in e}
 
 AUTO_CAP = 64          # budget='auto': the default cap on draft tokens per step
 
