@@ -253,7 +253,7 @@ def bench_parser(p):
     p.add_argument('--draft-temperature', type=TEMPERATURE, default=0.6, help='temperature of the draft rows (paper: 0.6)')
     p.add_argument('--calibration-prompts', type=TOP_K, default=None, help="ShareGPT training prompts for Sequoia's acceptance vector (0: its default vector)")
     p.add_argument('--seed', type=SEED, default=0)
-    p.add_argument('--target', default=None, help='target model: a local folder or a cached name (default: the embedded one)')
+    p.add_argument('--target', default=None, help='target model: a local folder, a GGUF file or a cached name (default: the embedded one)')
     p.add_argument('--draft', default=None, help='draft model (default: the shipped draft)')
     placement_args(p)
     p.add_argument('--out', type=Path, default=Path('results/bench.json'), help='JSON file, rewritten after each (dataset, temperature) part; the .md and .png go beside it')
@@ -398,9 +398,9 @@ def parser(docs=False):
         gp.add_argument('--draws', choices=DRAWS, default=None, help="how the builder picks its tokens: top or sample (default: top at temperature 0, sample above; OPT-Tree, C2T and EAGLE-2 always take the top)")
         gp.add_argument('--max-new-tokens', type=COUNT, default=256)
         gp.add_argument('--seed', type=SEED, default=None)
-        gp.add_argument('--target', default=None, help='target model: a local folder or a cached name (default: embedded SmolLM2-135M-Instruct)')
+        gp.add_argument('--target', default=None, help='target model: a local folder, a GGUF file or a cached name (default: embedded SmolLM2-135M-Instruct)')
         gp.add_argument('--draft', default=None, help="draft: 'head' (the shipped feature head, the default) or 'token' (the shipped token draft); "
-                                                       "or a local folder (a causal LM, or a head from dyspec train-draft)")
+                                                       "or a local folder or GGUF file (a causal LM, or a head from dyspec train-draft)")
         placement_args(gp)
         gp.add_argument('--control-tokens', action='store_true',
                         help="let the chat template's control tokens (<|im_start|>, <|im_end|>) spelled in your text through as control tokens; by default they are plain text")
@@ -416,7 +416,7 @@ def parser(docs=False):
     g.add_argument('--seconds', type=number(float, lo=60), default=GPU_SECONDS, help=f'time bound of the table script: a section that no longer fits is skipped (default {GPU_SECONDS})')
     g.add_argument('--cells', action='store_true', help="also run every notebook's #| cuda cells (nbdev-test --flags cuda; minutes more)")
     t = sub.add_parser('train-draft', help="train a feature head (an EAGLE-style draft) for a target: the hour's recipe (default) or the shipped head's")
-    t.add_argument('--target', default=None, help='target model: a local folder with its tokenizer, or a cached name (default: the embedded one)')
+    t.add_argument('--target', default=None, help='target model: a local folder with its tokenizer, a GGUF file, or a cached name (default: the embedded one)')
     t.add_argument('--out', type=Path, required=True, help='folder for the head (config.json, model.safetensors) and its record (recipe.json)')
     t.add_argument('--recipe', choices=('hour', 'shipped'), default='hour',
                    help="hour: features and training within --minutes (default); shipped: the shipped head's recipe, fixed steps (needs a GPU at full scale)")
