@@ -139,12 +139,14 @@ def sharegpt_chat_records(split='train', n=None, seed=None, eval_fraction=0.05):
     return recs
 
 def chat_tokens(tokenizer, record, max_tokens=512):
-    "LongTensor[1, L <= max_tokens]: every turn of `record` chat-formatted (no assistant header at the end) and cut."
+    "LongTensor[1, L <= max_tokens]: every turn of `record` chat-formatted (no assistant header at the end; a tokenizer without a chat template, a base model's, gets the turns' text) and cut."
     if max_tokens < 2: raise ValueError(f"max_tokens must be at least 2, got {max_tokens}")
     msgs, chars = [], 0                            # a token has at most ~16 characters: text beyond 16 * max_tokens is never kept
     for m in to_messages(record):
         if chars > 16 * max_tokens: break
         msgs.append(dict(m, content=m['content'][:16 * max_tokens])); chars += len(msgs[-1]['content'])
+    if not getattr(tokenizer, 'chat_template', None):              # a base model's tokenizer: the turns as plain text, as `chat_ids` gives them
+        return tokenizer('\n\n'.join(m['content'] for m in msgs), return_tensors='pt', split_special_tokens=True)['input_ids'][:, :max_tokens]
     return tokenizer.apply_chat_template(msgs, return_tensors='pt', return_dict=True)['input_ids'][:, :max_tokens]
 
 def sharegpt_chats(tokenizer, split='train', n=None, max_tokens=512, seed=None, eval_fraction=0.05):
