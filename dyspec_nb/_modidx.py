@@ -459,6 +459,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'dyspec_nb.head.StaticHeadCache.reset': ('api/head.html#staticheadcache.reset', 'dyspec_nb/head.py'),
                                 'dyspec_nb.head.StaticHeadCache.update': ('api/head.html#staticheadcache.update', 'dyspec_nb/head.py'),
                                 'dyspec_nb.head._head_call': ('api/head.html#_head_call', 'dyspec_nb/head.py'),
+                                'dyspec_nb.head._not_finite': ('api/head.html#_not_finite', 'dyspec_nb/head.py'),
                                 'dyspec_nb.head.check_head_target': ('api/head.html#check_head_target', 'dyspec_nb/head.py'),
                                 'dyspec_nb.head.collate_features': ('api/head.html#collate_features', 'dyspec_nb/head.py'),
                                 'dyspec_nb.head.default_layers': ('api/head.html#default_layers', 'dyspec_nb/head.py'),
