@@ -34,9 +34,8 @@ def __dir__(): return sorted(set(globals()) | set(_EXPORTS))
 def _test_setup(cells):
     """`nbdev-test`'s `test_setup` hook (pyproject.toml), run once before the notebooks run. When several notebooks are
     tested, nbdev runs them in parallel workers (one per core, at most 8), and each worker gets its share of the cores for
-    torch's threads. Without it every worker starts a thread per core, and on 2 cores two workers' spinning threads slowed
-    a tiny model's step from 0.25 s to 6.7 s. It is set before any worker imports torch; an explicit OMP_NUM_THREADS
-    wins, and one notebook tested alone (in nbdev's own process, as the slow cells' measurements are) keeps every core."""
+    torch's threads. Without it every worker starts a thread per core, and the workers' spinning threads contend for
+    the same cores. It is set before any worker imports torch; an explicit OMP_NUM_THREADS wins, and one notebook tested alone (in nbdev's own process, as the slow cells' measurements are) keeps every core."""
     idx = [c.idx_ for c in cells]                     # the cells of every notebook in turn: each notebook starts again
     if sum(b <= a for a, b in zip(idx, idx[1:])) == 0: return                   # one notebook with cells: nbdev's process
     cores = _os.cpu_count() or 1

@@ -583,6 +583,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'dyspec_nb.models.package_file': ('api/models.html#package_file', 'dyspec_nb/models.py'),
                                   'dyspec_nb.models.peak_memory': ('api/models.html#peak_memory', 'dyspec_nb/models.py'),
                                   'dyspec_nb.models.placement': ('api/models.html#placement', 'dyspec_nb/models.py'),
+                                  'dyspec_nb.models.plain_ids': ('api/models.html#plain_ids', 'dyspec_nb/models.py'),
                                   'dyspec_nb.models.smollm2_gguf': ('api/models.html#smollm2_gguf', 'dyspec_nb/models.py'),
                                   'dyspec_nb.models.spare_folders': ('api/models.html#spare_folders', 'dyspec_nb/models.py'),
                                   'dyspec_nb.models.tiny_llama': ('api/models.html#tiny_llama', 'dyspec_nb/models.py'),

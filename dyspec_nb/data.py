@@ -12,7 +12,7 @@ __all__ = ['MTBENCH_FILE', 'SHAREGPT_FILE', 'ROLES', 'mtbench_file', 'sharegpt_f
 import hashlib, json, random, re
 from functools import lru_cache
 from pathlib import Path
-from .models import chat_ids, package_file
+from .models import chat_ids, plain_ids, package_file
 
 # %% ../nbs/api/06_data.ipynb #81191062
 MTBENCH_FILE = 'fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl'
@@ -146,7 +146,7 @@ def chat_tokens(tokenizer, record, max_tokens=512):
         if chars > 16 * max_tokens: break
         msgs.append(dict(m, content=m['content'][:16 * max_tokens])); chars += len(msgs[-1]['content'])
     if not getattr(tokenizer, 'chat_template', None):              # a base model's tokenizer: the turns as plain text, as `chat_ids` gives them
-        return tokenizer('\n\n'.join(m['content'] for m in msgs), return_tensors='pt', split_special_tokens=True)['input_ids'][:, :max_tokens]
+        return plain_ids(tokenizer, msgs)[:, :max_tokens]
     return tokenizer.apply_chat_template(msgs, return_tensors='pt', return_dict=True)['input_ids'][:, :max_tokens]
 
 def sharegpt_chats(tokenizer, split='train', n=None, max_tokens=512, seed=None, eval_fraction=0.05):

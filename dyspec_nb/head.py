@@ -329,11 +329,11 @@ def head_metrics(head, data, unroll=3, batch_tokens=4096):
     return dict(agreement=[a / max(m, 1) for a, m in zip(agree, n)], kl=[x / max(m, 1) for x, m in zip(kl, n)], positions=int(n[0]))
 
 def _not_finite(loss, s, data):
-    "The one line of a training step whose loss is NaN or infinite, with its likeliest cause."
+    "The one line of a training step whose `loss` (a float) is NaN or infinite, with its likeliest cause."
     bad = sum(int(not torch.isfinite(q.feats).all()) for q in data)
     why = (f"{bad} of {len(data)} sequences hold target features that are not finite (hidden states beyond the range of "
            f"their {data[0].feats.dtype} storage read as inf)" if bad else "the features are finite: the head's forward overflowed")
-    return f"the head's training loss is {loss.item()} at step {s + 1}: {why}; nothing is saved"
+    return f"the head's training loss is {loss} at step {s + 1}: {why}; nothing is saved"
 
 def train_head(head, data, cfg=HeadTrainConfig(), val=None, progress=True, log_every=10):
     """Distil the target's top-k rows into `head` (on its device; `data` on the CPU) with `cfg.unroll` steps of
@@ -362,10 +362,11 @@ def train_head(head, data, cfg=HeadTrainConfig(), val=None, progress=True, log_e
             for st, r in enumerate(outs):
                 ws = w.clone(); ws[:, :st] = 0
                 loss = loss + cfg.step_weights[st] * (distill_loss(r, tid, tp) * ws).sum() / ws.sum().clamp(min=1)
-            if not torch.isfinite(loss): raise ValueError(_not_finite(loss, s, data))
+            lv = loss.item()                                                            # the step's one read of the loss
+            if not math.isfinite(lv): raise ValueError(_not_finite(lv, s, data))
             opt.zero_grad(set_to_none=True); loss.backward()
             torch.nn.utils.clip_grad_norm_(params, cfg.clip); opt.step()
-            seen += int(w.sum()); acc += loss.item(); accw += 1; finished = s + 1
+            seen += int(w.sum()); acc += lv; accw += 1; finished = s + 1
             done = cfg.minutes is not None and time.time() - t0 > 60 * cfg.minutes
             if (s + 1) % log_every == 0 or s == cfg.steps - 1 or done:
                 hist['step'].append(s + 1); hist['loss'].append(acc / accw); hist['tokens'].append(seen); hist['time'].append(time.time() - t0)

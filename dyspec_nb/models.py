@@ -6,9 +6,10 @@
 __all__ = ['TARGET_GGUF', 'GGUF_SIZES', 'SHIPPED_DRAFTS', 'DEFAULT_DRAFT', 'SHIPPED_HEAD_PRODUCTS', 'DTYPES', 'cache_dir',
            'unwritable', 'write_whole', 'package_file', 'smollm2_gguf', 'disk_full', 'free_bytes', 'megabytes',
            'no_space', 'DiskFull', 'spare_folders', 'write_or_keep', 'available_memory', 'peak_memory', 'weight_count',
-           'TooLarge', 'check_memory', 'model_bytes', 'convert_gguf', 'load_target', 'chat_ids', 'placement',
-           'load_default_pair', 'is_gguf', 'gguf_dest', 'load_gguf', 'damaged', 'load_local', 'load_local_target',
-           'tokenizer_mismatch', 'trained_heads', 'cached_head', 'keep_head', 'load_pair', 'tiny_llama', 'hf_generate']
+           'TooLarge', 'check_memory', 'model_bytes', 'convert_gguf', 'load_target', 'plain_ids', 'chat_ids',
+           'placement', 'load_default_pair', 'is_gguf', 'gguf_dest', 'load_gguf', 'damaged', 'load_local',
+           'load_local_target', 'tokenizer_mismatch', 'trained_heads', 'cached_head', 'keep_head', 'load_pair',
+           'tiny_llama', 'hf_generate']
 
 # %% ../nbs/api/05_models.ipynb #d3553f6d
 import atexit, contextlib, copy, errno, fcntl, hashlib, json, math, mmap, re, stat, struct, sys, threading, warnings, time, importlib.util, os, shutil, tempfile
@@ -323,6 +324,10 @@ def _ready(model, tok):
     return model.eval(), tok
 
 # %% ../nbs/api/05_models.ipynb #590509ac
+def plain_ids(tokenizer, messages, control_tokens=False):
+    "LongTensor[1, L]: the text of `messages` ({'role', 'content'} each), separated by blank lines: how a base model (no chat template) reads them."
+    return torch.tensor([tokenizer('\n\n'.join(m['content'] for m in messages), split_special_tokens=not control_tokens)['input_ids']])
+
 def chat_ids(tokenizer, messages, control_tokens=False):
     """LongTensor[1, L]: `messages` (a string or a list of {'role', 'content'}) formatted with the chat template. The
     template's own control tokens are control tokens; one spelled in a message's text (`<|im_end|>`) is plain text,
@@ -330,7 +335,7 @@ def chat_ids(tokenizer, messages, control_tokens=False):
     if isinstance(messages, str): messages = [{'role': 'user', 'content': messages}]
     if not getattr(tokenizer, 'chat_template', None):                  # a base model: it continues the text
         warnings.warn("the model has no chat template (a base model, not an instruction-tuned one): it continues the text as written", UserWarning, stacklevel=2)
-        return torch.tensor([tokenizer('\n\n'.join(m['content'] for m in messages), split_special_tokens=not control_tokens)['input_ids']])   # [1, L]
+        return plain_ids(tokenizer, messages, control_tokens)
     if control_tokens:
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors='pt', return_dict=True)['input_ids']
     marks = [f'\ue000{i}\ue001' for i in range(len(messages))]          # private-use characters: no template writes them
