@@ -463,6 +463,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'dyspec_nb.head.check_head_target': ('api/head.html#check_head_target', 'dyspec_nb/head.py'),
                                 'dyspec_nb.head.collate_features': ('api/head.html#collate_features', 'dyspec_nb/head.py'),
                                 'dyspec_nb.head.default_layers': ('api/head.html#default_layers', 'dyspec_nb/head.py'),
+                                'dyspec_nb.head.feature_storage': ('api/head.html#feature_storage', 'dyspec_nb/head.py'),
                                 'dyspec_nb.head.head_config': ('api/head.html#head_config', 'dyspec_nb/head.py'),
                                 'dyspec_nb.head.head_dir': ('api/head.html#head_dir', 'dyspec_nb/head.py'),
                                 'dyspec_nb.head.head_metrics': ('api/head.html#head_metrics', 'dyspec_nb/head.py'),

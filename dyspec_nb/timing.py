@@ -29,7 +29,8 @@ def forward_seconds(models,         # {name: model}, timed in turn, rep by rep
                     cache_for=None,      # model -> its empty cache (default `new_cache(model, lean)`; a `StaticCache` times fixed shapes)
                     reduce=np.median,    # what of the `reps` times is kept: the median, or `min` (the fastest: what the machine can do)
                     timer=time.perf_counter,   # the clock
-                    tick=None):          # called with n after each size's forwards, warm-up included (a progress bar)
+                    tick=None,           # called with n after each size's forwards, warm-up included (a progress bar)
+                    until=None):         # a `time.perf_counter()` reading: no round starts after it once one timed round is done (a time limit)
     "Seconds (`reduce`: the median) of one cached forward of n new tokens after `prefix` cached ones: `{name: {n: seconds}}`."
     g = torch.Generator().manual_seed(seed)
     V = min(m.config.vocab_size for m in models.values())
@@ -45,6 +46,7 @@ def forward_seconds(models,         # {name: model}, timed in turn, rep by rep
         else: shapes[n] = torch.randint(V, (n,), generator=g), torch.arange(prefix, prefix + n), causal_mask(n, prefix + n)[0, 0] == 0
     times = {(name, n): [] for name in models for n in sizes}
     for r in range(warmup + reps):
+        if until is not None and r > warmup and time.perf_counter() > until: break   # out of time: the rounds done so far
         for n in sizes:
             x, pos, allowed = shapes[n]
             for name, m in models.items():
