@@ -222,7 +222,8 @@ def greedy_verify(tree, p, D):
     depth = anc.sum(1) - 1                                                           # [N]
     last = torch.where(accepted, depth * N + (N - 1 - i), -1).argmax(0, keepdim=True)   # [1]: the deepest accepted node (the first of equals)
     on = anc[last][0]                                                                # [N]: the path to it
-    order = torch.where(on, depth, D + 1).sort().indices[:D + 1]                     # [D + 1]: its nodes by depth, then the rest
+    order = torch.where(on, depth, D + 1).sort().indices[:D + 1]                     # [min(N, D + 1)]: its nodes by depth, then the rest
+    if N < D + 1: order = torch.cat([order, order.new_zeros(D + 1 - N)])             # [D + 1]: a tree smaller than the output (never read)
     k = depth[last][0] + 1                                                           # emitted tokens
     j = torch.arange(D + 1, device=p.device)
     path = torch.where(j < k, order, -1)
@@ -358,7 +359,8 @@ class DeviceStep:
     step is one CUDA graph; 'emulate' runs it eagerly but returns its outputs as a replayed graph does. With `compile`,
     what runs (or is captured) is the step compiled by inductor (`step_runner`)."""
     def __init__(self, target, head, method='dyspec', budget=8, width=None, children=None, depth=None, threshold=None, capacity=1024, graphs=None,
-                 k=None, acceptance=None, max_depth=None, fill=None, delta=None, compile=False):
+                 k=None, acceptance=None, max_depth=None, fill=None, delta=None, compile=False,
+                 settings=()):    # more `(budget, depth)` pairs this step can run (`step(setting=...)`), each of at most `budget` draft tokens; depth None: the builder's
         if method not in DEVICE_METHODS: raise ValueError(f"the device step builds {', '.join(DEVICE_METHODS)}, not {method!r}")
         if not is_head(head): raise ValueError("the device step drafts with a feature head (07c_head)")
         if not lean_supported(target): raise ValueError("the device step needs the lean forward: a Llama-architecture target on SDPA attention")
@@ -371,9 +373,17 @@ class DeviceStep:
         self.N = budget + 1
         self.plan = None if parents is None else shape_plan(parents, self.N, self.device)   # a fixed shape: its pool is the tree's N slots
         self.M = self.N if self.plan else 1 + self.K * (1 + (self.D - 1) * self.W)
+        self.setting = (budget, depth)                                               # the step's own setting, then the others it runs
+        self.shapes = {self.setting: (self.N, self.W, self.K, self.D, self.M, self.threshold)}   # setting -> (N, W, K, D, M, threshold)
+        if settings and self.plan is not None: raise ValueError(f"{method}'s shape is fixed: it runs one setting")
+        for b, d in settings:
+            if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= budget: raise ValueError(f"a setting's budget must be an integer from 1 to the step's ({budget}), got {b!r}")
+            W, K, D, _ = device_shape(method, b, head.config.vocab_size, None if width is None else min(width, b), None if children is None else min(children, b), d)
+            self.shapes[(b, d)] = (b + 1, W, K, D, 1 + K * (1 + (D - 1) * W), step_options(method, b, threshold, fill, delta)[0])
+        self.D, self.M = max(s[3] for s in self.shapes.values()), max(s[4] for s in self.shapes.values())   # the layout: the deepest and the largest pool
         self.graphs = graph_mode(graphs, self.device, 'target')
         self._run = step_runner(self.run, compile)                                   # the step itself, or inductor's
-        self.tcache = StaticCache(target, capacity, buckets=(self.N,), hidden=head.config.layers, graphs=False)
+        self.tcache = StaticCache(target, capacity, buckets=tuple(sorted({s[0] for s in self.shapes.values()})), hidden=head.config.layers, graphs=False)
         self.hcache = StaticHeadCache(head, capacity + self.D + self.M + 1, graphs=False)
         self.weights = head_weights(head)                                            # the head's products, taken once
         dev, F3 = self.device, head.config.hidden_size * len(head.config.layers)
@@ -412,44 +422,56 @@ class DeviceStep:
         "The draft's rows FloatTensor[q, V] of output features g [q, H]."
         return sampling_probs(self.head.full_logits(self.head.reduced_logits(g)).float(), temperature=temperature)
 
-    def randomness(self, temperature=0.0, draws=None, generator=None):
+    def randomness(self, temperature=0.0, draws=None, generator=None, setting=None):
         """`(noise, u)`: one step's noise for random draws (None for top draws: `draws='top'`, the default at T = 0): Gumbel
-        noise [D, W, V], or for SpecInfer's draws with replacement uniforms [D, W, K]; and its D K + 1 uniforms for the
-        verifier (None at T = 0); drawn on the device. EAGLE-2 and OPT-Tree always take top draws, as their host builders."""
+        noise [D, W, V] of the `setting`'s D and W (default the step's own), or for SpecInfer's draws with replacement uniforms
+        [D, W, K]; and the verifier's uniforms [D K + 1] (D the layout's, K the setting's; None at T = 0); drawn on the
+        device. EAGLE-2 and OPT-Tree always take top draws, as their host builders."""
         if self.method in ALWAYS_TOP and draws not in (None, 'top'): raise ValueError(f"{self.method} always takes the draft's top tokens: draws={draws!r} is not for it")
+        _, W, K, D, _, _ = self.shape_of(setting)
         top = self.method in ALWAYS_TOP or ((temperature == 0) if draws is None else draws == 'top')
         if top: noise = None
-        elif self.method == 'specinfer': noise = torch.rand(self.D, self.W, self.K, generator=generator, device=self.device)
-        else: noise = gumbel_noise(self.D, self.W, self.head.config.vocab_size, generator, self.device)
-        u = None if temperature == 0 else torch.rand(self.D * self.K + 1, generator=generator, device=self.device, dtype=torch.float64)
+        elif self.method == 'specinfer': noise = torch.rand(D, W, K, generator=generator, device=self.device)
+        else: noise = gumbel_noise(D, W, self.head.config.vocab_size, generator, self.device)
+        u = None if temperature == 0 else torch.rand(self.D * K + 1, generator=generator, device=self.device, dtype=torch.float64)
         return noise, u
 
-    def step(self, temperature=0.0, top_p=1.0, top_k=0, draft_temperature=0.6, draws=None, generator=None):
-        """One decoding step. LongTensor[D + 4] on the device: the tokens emitted (k), the tree's draft tokens, its depth,
-        then the D + 1 emitted tokens padded with -1 (under graphs, the graph's own output: read it before the next step).
-        The tree is kept as `last_tree`."""
-        noise, u = self.randomness(temperature, draws, generator)
-        return graph_step(self, (noise is None, temperature, top_p, top_k, draft_temperature), dict(noise=noise, u=u),
-                          lambda noise, u: self._run(noise, u, temperature, top_p, top_k, draft_temperature),
+    def shape_of(self, setting=None):
+        "`(N, W, K, D, M, threshold)` of a setting (default: the step's own); a ValueError for one it was not made with."
+        s = self.shapes.get(self.setting if setting is None else tuple(setting))
+        if s is None: raise ValueError(f"this step runs the settings {sorted(self.shapes, key=str)}, not {setting!r}")
+        return s
+
+    def step(self, temperature=0.0, top_p=1.0, top_k=0, draft_temperature=0.6, draws=None, generator=None, setting=None):
+        """One decoding step at `setting` (one of `shapes`; default the step's own). LongTensor[D + 4] on the device, D the
+        layout's (the deepest setting's): the tokens emitted (k), the tree's draft tokens, its depth, then the D + 1 emitted
+        tokens padded with -1 (under graphs, the graph's own output: read it before the next step). The tree is kept as
+        `last_tree`. Every setting shares the state and the caches: the next step may take another."""
+        setting = self.setting if setting is None else tuple(setting)
+        noise, u = self.randomness(temperature, draws, generator, setting)
+        return graph_step(self, (setting, noise is None, temperature, top_p, top_k, draft_temperature), dict(noise=noise, u=u),
+                          lambda noise, u: self._run(noise, u, temperature, top_p, top_k, draft_temperature, setting),
                           (self.r, self.k, self.emitted, self.tfeat, self.thr))
 
-    def run(self, noise, u, temperature=0.0, top_p=1.0, top_k=0, draft_temperature=0.6):
+    def run(self, noise, u, temperature=0.0, top_p=1.0, top_k=0, draft_temperature=0.6, setting=None):
         "`step` on the given random numbers (`randomness`): tensor code only, what a CUDA graph captures or `torch.compile` compiles."
-        head, dev, D, N, W, K = self.head, self.device, self.D, self.N, self.W, self.K
+        head, dev, L = self.head, self.device, self.D                               # L: the layout's depth, at least the setting's D
+        N, W, K, D, M, threshold = self.shape_of(setting)
+        budget = N - 1
         C = self.hcache.K.shape[2]; cols = torch.arange(C, device=dev)
         r, k = self.r.clone(), self.k.clone()                                        # [1] each: the state is updated in place at the end
-        M = self.M; gfeat = torch.zeros(M + 1, head.config.hidden_size, device=dev, dtype=head.dtype)   # [M + 1, H]: each candidate's output feature
+        gfeat = torch.zeros(M + 1, head.config.hidden_size, device=dev, dtype=head.dtype)   # [M + 1, H]: each candidate's output feature
         text = (cols >= self.text_from) & (cols <= r)                                # [C]: the text and the root, seen by every tree node
         def expand(pool, slots, t):
             if t == 0:                                                               # the first call: last step's tokens, then the root
-                pos = r - k + 1 + torch.arange(D + 1, device=dev)                    # [D + 1]
+                pos = r - k + 1 + torch.arange(L + 1, device=dev)                    # [L + 1]
                 allowed = (cols[None] >= self.text_from) & (cols[None] <= pos[:, None])
-                g = self._head(self.emitted.clamp(min=0), pos, allowed, head.fuse(self.tfeat))   # [D + 1, H]
+                g = self._head(self.emitted.clamp(min=0), pos, allowed, head.fuse(self.tfeat))   # [L + 1, H]
                 gfeat[0] = g[k - 1][0]
                 return self._rows(g[k - 1], draft_temperature)                       # [1, V]: the root's row
             allowed = text[None].expand(slots.shape[0], C).clone()                   # [w, C]: the text, and each candidate's ancestors
-            allowed[:, r + D + torch.arange(1, M + 1, device=dev)] = pool['ancestors'][slots][:, 1:]
-            g = self._head(pool['tokens'][slots], r + pool['depth'][slots], allowed, gfeat[pool['parents'][slots]], r + D + slots)   # candidate j at slot r + D + j
+            allowed[:, r + L + torch.arange(1, M + 1, device=dev)] = pool['ancestors'][slots][:, 1:]
+            g = self._head(pool['tokens'][slots], r + pool['depth'][slots], allowed, gfeat[pool['parents'][slots]], r + L + slots)   # candidate j at slot r + L + j
             gfeat[slots] = g
             return self._rows(g, draft_temperature)
         if self.plan is not None:                                                    # Sequoia's or SpecInfer's shape
@@ -458,16 +480,16 @@ class DeviceStep:
         else:
             adaptive = self.method == 'dyspec_adaptive'
             tree = frontier_tree(self.emitted[k - 1][0], expand, N, W, K, D, noise=noise, layer_only=self.method in ('eagle2', 'opt_tree'),
-                                 threshold=self.thr if adaptive else self.threshold, delta=self.delta)
-            if adaptive: self.thr.copy_(adapt_threshold(self.thr, tree.valid.sum() - 1, self.budget, self.fill))
+                                 threshold=self.thr if adaptive else threshold, delta=self.delta)
+            if adaptive: self.thr.copy_(adapt_threshold(self.thr, tree.valid.sum() - 1, budget, self.fill))
         anc = tree.ancestor_mask(); depth = anc.sum(1) - 1                          # [N, N] (the verifier's too), [N]
         slots, tcols = r + torch.arange(N, device=dev), torch.arange(self.tcache.k.shape[2], device=dev)
         allowed = (tcols < r)[None].expand(N, len(tcols)).clone(); allowed[:, slots] = anc
         buf = dict(ids=tree.tokens, pos=r + depth, slots=slots, mask=additive_mask(allowed, self.target.dtype))
         logits, states = static_forward(self.target, self.tcache, buf)               # [N, V], [N, 3H]
-        if temperature == 0: path, toks, n = greedy_verify(tree, logits, D)
-        else: path, toks, n = sample_verify(tree, sampling_probs(logits.float(), temperature, top_p, top_k), u, K, D)
-        src, dst = r + path.clamp(min=0), r + torch.arange(D + 1, device=dev)        # the accepted path moves to the cache's end
+        if temperature == 0: path, toks, n = greedy_verify(tree, logits, L)        # [L + 1] each: padded to the layout
+        else: path, toks, n = sample_verify(tree, sampling_probs(logits.float(), temperature, top_p, top_k), u, K, L)
+        src, dst = r + path.clamp(min=0), r + torch.arange(L + 1, device=dev)        # the accepted path moves to the cache's end
         for t in (self.tcache.k, self.tcache.v): t[:, :, dst] = t[:, :, src]
         self.tfeat.copy_(states[path.clamp(min=0)])
         self.emitted.copy_(toks); self.k.copy_(n[None]); self.r.add_(n)
@@ -513,7 +535,7 @@ class DevicePlain:
         one = torch.ones(1, dtype=torch.long, device=self.device)
         return torch.cat([one, one - 1, one - 1, tok])                               # [4]: one token, no tree, depth 0, the token
 
-    def step(self, temperature=0.0, top_p=1.0, top_k=0, draft_temperature=None, draws=None, generator=None):
-        "One token: LongTensor[4] on the device, as `DeviceStep.step`'s for one token (under graphs, the graph's own output: read it before the next step)."
+    def step(self, temperature=0.0, top_p=1.0, top_k=0, draft_temperature=None, draws=None, generator=None, setting=None):
+        "One token: LongTensor[4] on the device, as `DeviceStep.step`'s for one token (under graphs, the graph's own output: read it before the next step); no tree, so no `setting`."
         _, u = self.randomness(temperature, generator=generator)
         return graph_step(self, (temperature, top_p, top_k), dict(u=u), lambda u: self._run(None, u, temperature, top_p, top_k), (self.r, self.last))
