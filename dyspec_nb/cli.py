@@ -388,7 +388,7 @@ def parser(docs=False):
                         help="draft tokens per step: 'auto' (the cost rule; default for dyspec, dyspec_threshold, dyspec_adaptive) or N (default 16 for the others)")
         gp.add_argument('--max-budget', type=COUNT, default=None, help="with --budget auto: at most this many draft tokens per step (default 64)")
         gp.add_argument('--step', choices=('auto', 'host', 'device'), default='auto',
-                        help="where a step runs: 'device' (the whole step on the target's device, one CUDA graph a step), 'host', or 'auto' (default: the device step on CUDA where the setting allows it)")
+                        help="where a step runs: 'device' (the whole step in tensor code on the target's device, one CUDA graph a step on a GPU), 'host', or 'auto' (default: the device step on CUDA where the setting allows it)")
         gp.add_argument('--compile', action='store_true', help="the device step compiled by torch.compile (inductor) before its capture; its first step compiles, a minute or more")
         gp.add_argument('--refresh-costs', action='store_true', help="measure this machine's cost model again (seconds on a quiet CPU, much longer on a busy one; progress on standard error) instead of reading the cached one")
         gp.add_argument('--temperature', type=TEMPERATURE, default=0.0, help='target temperature; 0 is greedy (default)')
@@ -514,9 +514,6 @@ def _run(p, args, argv, started):
             target, draft, tok = load_pair(args.target, args.draft, args.device, args.dtype, need_draft=args.method != 'autoregressive')   # a device this machine lacks: before loading
             cuda = next(target.parameters()).device.type == 'cuda'
             if args.compile and args.step == 'auto' and not cuda: p.error("--compile compiles the device step, which --step auto takes on CUDA only: add --step device")
-            if args.step == 'device' and not cuda:
-                print("dyspec: warning: --step device is made for CUDA, where a step runs as one graph; on a CPU the host step (the default) is faster"
-                      + (", and --budget auto first measures the device step's settings on this prompt" if (args.budget or 'auto') == 'auto' and args.method in COST_AWARE else ''), file=sys.stderr)
             budget_ = args.budget or ('auto' if args.method in COST_AWARE else 16)
             costs = cost_model(target, draft, refresh=True) if args.refresh_costs and budget_ == 'auto' and draft is not None else None
             dec = SpecDecoder(target, draft, args.method, budget_, max_budget=args.max_budget, costs=costs, step=args.step, compile=args.compile, **({'draws': args.draws} if args.draws else {}))

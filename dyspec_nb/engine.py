@@ -4,9 +4,10 @@
 
 # %% auto #0
 __all__ = ['PHASES', 'AUTO_CAP', 'DEVICE_OPTIONS', 'DEVICE_AUTO_BUDGETS', 'DEVICE_AUTO_DEPTHS', 'DEVICE_PROBE_STEPS',
-           'PROBE_EVERY', 'DRAFT_TEMPERATURE', 'CALIBRATION_PRIOR', 'StepRecord', 'StepTrace', 'GenerationStats',
-           'GenerationOutput', 'SpecDecoder', 'decode_step', 'root_call_pays', 'compare_methods', 'methods_markdown',
-           'continuation', 'teacher_forced_rows']
+           'CHOOSING_SETTINGS', 'CHOOSING_FIRST', 'CHOOSING_STOP', 'PROBE_EVERY', 'DRAFT_TEMPERATURE',
+           'CALIBRATION_PRIOR', 'StepRecord', 'StepTrace', 'GenerationStats', 'GenerationOutput', 'SpecDecoder',
+           'decode_step', 'root_call_pays', 'compare_methods', 'methods_markdown', 'continuation',
+           'teacher_forced_rows']
 
 # %% ../nbs/api/08_engine.ipynb #66171767
 import time
@@ -128,6 +129,9 @@ DEVICE_OPTIONS = ('draws', 'width', 'children', 'depth', 'threshold', 'topk', 'k
 DEVICE_AUTO_BUDGETS = (8, 16, 32)   # budget='auto' with the device step: the budgets it measures on the first call,
 DEVICE_AUTO_DEPTHS = (None, 4)      # ... each at the builder's depth (None) and at this many draft calls, unless depth= is given,
 DEVICE_PROBE_STEPS = 8              # ... each for this many captured steps
+CHOOSING_SETTINGS = ((1, None), (2, 1), (2, None), (4, 2), (8, 4), (16, 4), (32, None))   # budget='auto' with the device step off CUDA: the settings it chooses among, step by step
+CHOOSING_FIRST = 2                  # ... after this many steps of each, in order,
+CHOOSING_STOP = 0.75                # ... until one runs at under this share of the best rate before it
 
 def _device_refusal(target, draft, method, budget, auto, static, attention, options):
     "Why the device step cannot run this decoder's setting (a sentence), or None: it builds `DEVICE_METHODS` with a feature head on a lean target, and decodes plainly (`DevicePlain`) on one."
@@ -169,6 +173,16 @@ def _device_shape(method, budget, options, vocab):
     "`(W, K, D)` of the device builder for the decoder's options: a `ValueError` for a frontier or a shape out of range."
     kw = {n: v for n, v in _device_kwargs(method, options).items() if n not in ('threshold', 'fill', 'delta')}
     return device_shape(method, budget, vocab, **kw)[:3]
+
+def _device_settings(method, budget, options, vocab, choosing):
+    """budget='auto' on the device step: the settings `(budget, depth)` it chooses among, each of at most `budget` draft
+    tokens, depth None for the builder's own and a smaller one only where the builder's is deeper (a depth given in
+    `options`, or the chain's, is kept): `CHOOSING_SETTINGS` when `choosing` step by step, else each of
+    `DEVICE_AUTO_BUDGETS` at each of `DEVICE_AUTO_DEPTHS` for the first call's probe."""
+    fixed = 'depth' in options or method == 'chain'
+    if choosing: pairs = [(b, None if fixed else d) for b, d in CHOOSING_SETTINGS if b <= budget] or [(budget, None)]
+    else: pairs = [(b, d) for b in (tuple(b for b in DEVICE_AUTO_BUDGETS if b <= budget) or (budget,)) for d in ((None,) if fixed else DEVICE_AUTO_DEPTHS)]
+    return tuple(dict.fromkeys((b, d) for b, d in pairs if d is None or d < _device_shape(method, b, options, vocab)[2]))
 
 def _check_cap(name, value, context=1 << 30):
     "`value`, a budget or its cap: an integer from 1 to `MAX_BUDGET`, and to `context` - 2 (a tree, its root and one prompt token fill the context)."
@@ -240,12 +254,13 @@ class SpecDecoder:
         self.prefetch, self.small_linear, self.lean, self.static = prefetch, small_linear and not compile, lean, static   # compiled, the products are PyTorch's (`rows_linear`): no kernel choice to measure
         if self.small_linear: product_choice(target, draft, lean=lean)        # kernel or PyTorch per weight shape, measured once per machine (06d_cost)
         self.auto = auto and method != 'autoregressive'
+        self.choosing = False
         if self.auto and self.step == 'device':                             # measured on the first call (device_probe), not by the cost model
             if costs is not None: raise ValueError("costs= is the host step's cost model; the device step's budget='auto' measures its own steps")
-            budgets = tuple(b for b in DEVICE_AUTO_BUDGETS if b <= budget) or (budget,)
-            depths = (None,) if 'depth' in options or method == 'chain' else DEVICE_AUTO_DEPTHS
-            self.device_settings = tuple((b, d) for b in budgets for d in depths if d is None or d < _device_shape(method, b, options, _vocab_size(target))[2])
+            self.choosing = input_device(target).type != 'cuda' and not compile   # off CUDA: a setting chosen step by step from the steps' own rates (`choose_setting`)
+            self.device_settings = _device_settings(method, budget, options, _vocab_size(target), self.choosing)
             self.device_budget, self.device_depth, self.device_rates, self.costs = None, None, None, None
+            self.setting_runs = {}                                          # choosing: (greedy, setting) -> [tokens, seconds, steps] of its steps so far
         else:
             self.costs = (costs or cost_model(target, draft, small_linear, lean=lean)) if self.auto else None   # after the checks: may measure
             if self.auto: self.options = dict(options, costs=self.costs.step_costs(budget))
@@ -255,6 +270,8 @@ class SpecDecoder:
 
 def _budget_label(self: SpecDecoder):
     "The budget as set: 'auto (at most 64)', on the device step 'auto (16 of 8/16/32)' once measured ('to measure' before), or the fixed number."
+    if self.auto and self.step == 'device' and self.choosing:
+        return f"auto (step by step among {len(self.device_settings)} settings, at most {max(b for b, _ in self.device_settings)})"
     if self.auto and self.step == 'device':
         chosen = 'to measure' if self.device_budget is None else f"{self.device_budget}" + (f", depth {self.device_depth}" if self.device_depth else '')
         return f"auto ({chosen}; {len(self.device_settings)} settings measured on the first call)"
@@ -436,19 +453,48 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
 
 SpecDecoder.generate = _generate
 
-def _new_device_step(self: SpecDecoder, budget, capacity, depth=None, compile=False):
-    "A `DeviceStep` of the decoder's method and options at `budget` draft tokens (and `depth` draft calls, if given), `capacity` positions, compiled or not; `DevicePlain` for autoregressive decoding."
+def _new_device_step(self: SpecDecoder, budget, capacity, depth=None, compile=False, settings=()):
+    "A `DeviceStep` of the decoder's method and options at `budget` draft tokens (and `depth` draft calls, if given), `capacity` positions, compiled or not, running `settings` too; `DevicePlain` for autoregressive decoding."
     if self.method == 'autoregressive': return DevicePlain(self.target, capacity=capacity, compile=compile)
-    return DeviceStep(self.target, self.draft, self.method, budget, capacity=capacity, compile=compile,
+    return DeviceStep(self.target, self.draft, self.method, budget, capacity=capacity, compile=compile, settings=settings,
                       **(_device_kwargs(self.method, self.options) | ({'depth': depth} if depth else {})))
 
 def _device_step(self: SpecDecoder, room):
     "step='device': the decoder's `DeviceStep`, kept from call to call; a new one with the next power of two >= `room` positions when it is too small."
     ds = getattr(self, '_device', None)
     if ds is None or ds.capacity < room:
-        budget, depth = (self.device_budget, self.device_depth) if self.auto else (self.budget, None)
-        ds = self._device = _new_device_step(self, budget, _capacity(room), depth, self.compile)
+        if self.choosing:                                                       # every setting on one step, the largest its own
+            own = max(self.device_settings, key=lambda s: (s[0], s[1] is None, s[1] or 0))
+            ds = self._device = _new_device_step(self, own[0], _capacity(room), own[1], self.compile, tuple(s for s in self.device_settings if s != own))
+        else:
+            budget, depth = (self.device_budget, self.device_depth) if self.auto else (self.budget, None)
+            ds = self._device = _new_device_step(self, budget, _capacity(room), depth, self.compile)
     return ds
+
+def _choose_setting(self: SpecDecoder, greedy):
+    """budget='auto' off CUDA: the setting of the next step, from the rates of the decoder's own steps so far (kept from
+    call to call, apart for greedy and for sampled decoding): each setting of `device_settings` first runs
+    `CHOOSING_FIRST` steps, in order, until one runs at under `CHOOSING_STOP` of the best rate before it (the larger
+    settings, dearer still, wait); then every `PROBE_EVERY`-th step goes to the neighbour of the best setting (the
+    next smaller or larger, whichever has run less), and the others to the best: the one that emitted the most tokens
+    per second of its steps. No step is spent on measuring alone, and few on settings far from the best."""
+    runs = [self.setting_runs.get((greedy, s), (0, 0.0, 0)) for s in self.device_settings]   # [tokens, seconds, steps] per setting
+    rate = lambda i: runs[i][0] / max(runs[i][1], 1e-9)
+    tried = [i for i, r in enumerate(runs) if r[2] >= CHOOSING_FIRST]
+    first = next((i for i, r in enumerate(runs) if r[2] < CHOOSING_FIRST), None)
+    if first is not None and not (tried and rate(tried[-1]) < CHOOSING_STOP * max(map(rate, tried))): return self.device_settings[first]
+    best = max((i for i, r in enumerate(runs) if r[2]), key=rate)               # (the first round may stop early: runs not all tried)
+    if sum(r[2] for r in runs) % PROBE_EVERY == PROBE_EVERY - 1:
+        near = [i for i in (best - 1, best + 1) if 0 <= i < len(runs)]
+        if near: return self.device_settings[min(near, key=lambda i: runs[i][2])]
+    return self.device_settings[best]
+
+def _count_setting(self: SpecDecoder, greedy, setting, tokens, seconds):
+    "Add one step of `setting` (its tokens and seconds) to the decoder's record of its own steps."
+    t, s, n = self.setting_runs.get((greedy, setting), (0, 0.0, 0))
+    self.setting_runs[(greedy, setting)] = (t + tokens, s + seconds, n + 1)
+
+SpecDecoder.choose_setting, SpecDecoder.count_setting = _choose_setting, _count_setting
 
 def _device_probe(self: SpecDecoder, seq, room, **step_kw):
     """budget='auto' on the device step: each setting `(budget, depth)` of `device_settings` runs a `DeviceStep` from `seq`,
@@ -506,11 +552,12 @@ def _device_generate(self: SpecDecoder, seq, max_new_tokens, sampling, draft_tem
         raise ValueError(f"the prompt ({len(seq)} tokens), max_new_tokens ({max_new_tokens}) and a tree {D} deep exceed the context of {ctx} positions")
     late = self.read_late and len(seq) + max_new_tokens + 2 * (D + 1) + budget + 1 <= ctx   # room for the step queued past the end
     room = len(seq) + max_new_tokens + budget + 1 + ((D + 1) + budget + 1 if late else 0)
-    if self.auto and self.device_budget is None: self.device_probe(seq, room, draws=draws, draft_temperature=draft_temperature, **sampling)   # the first call measures
+    if self.auto and not self.choosing and self.device_budget is None: self.device_probe(seq, room, draws=draws, draft_temperature=draft_temperature, **sampling)   # the first call measures
     ds = self.device_step(room)
     g = torch.Generator(device=ds.device)
     g.manual_seed(torch.seed() if seed is None else seed)
-    step = lambda: ds.step(draws=draws, draft_temperature=draft_temperature, generator=g, **sampling)
+    greedy, setting = sampling['temperature'] == 0, None                       # choosing: each step's setting, its rate counted after its read
+    step = lambda: ds.step(draws=draws, draft_temperature=draft_temperature, generator=g, setting=setting, **sampling)
     t0 = time.perf_counter()
     with use_small_linear(self.target, self.small_linear), use_small_linear(self.draft, self.small_linear):
         ds.start(seq)
@@ -523,11 +570,14 @@ def _device_generate(self: SpecDecoder, seq, max_new_tokens, sampling, draft_tem
                 queued = _start_read(step(), bufs[(len(stats.records) + 1) % 2])
                 k, n, depth, *toks = _finish_read(pending)
                 pending = queued
-            else: k, n, depth, *toks = step().tolist()                          # the step's one read
+            else:
+                if self.choosing: setting = self.choose_setting(greedy)
+                k, n, depth, *toks = step().tolist()                            # the step's one read
+                if self.choosing: self.count_setting(greedy, setting, k, time.perf_counter() - t0)
             out = _until_eos(toks[:k], eos, max_new_tokens - len(new))
             new += out
             stats.records.append(StepRecord(tree_size=n, depth=depth, accepted=min(k - 1, len(out)), emitted=len(out),
-                                            device=time.perf_counter() - t0, draft_calls=ds.D))
+                                            device=time.perf_counter() - t0, draft_calls=ds.D if ds.D == 0 else ds.shape_of(setting)[3]))
             emit(out)
             if out[-1] in eos: break
     return new
