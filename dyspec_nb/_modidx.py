@@ -243,6 +243,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                        'dyspec_nb.device_step.inverse_cdf': ( 'api/device_step.html#inverse_cdf',
                                                                               'dyspec_nb/device_step.py'),
                                        'dyspec_nb.device_step.pack_tree': ('api/device_step.html#pack_tree', 'dyspec_nb/device_step.py'),
+                                       'dyspec_nb.device_step.pool_size': ('api/device_step.html#pool_size', 'dyspec_nb/device_step.py'),
                                        'dyspec_nb.device_step.rank_order': ('api/device_step.html#rank_order', 'dyspec_nb/device_step.py'),
                                        'dyspec_nb.device_step.sample_verify': ( 'api/device_step.html#sample_verify',
                                                                                 'dyspec_nb/device_step.py'),

@@ -4,9 +4,9 @@
 
 # %% auto #0
 __all__ = ['DEVICE_METHODS', 'FIXED_SHAPES', 'STEP_RECOMPILES', 'ancestors', 'rank_order', 'DeviceTree', 'gumbel_noise',
-           'inverse_cdf', 'draw_children', 'frontier_tree', 'pack_tree', 'fixed_shape', 'shape_plan', 'shape_tree',
-           'sibling_rank', 'greedy_verify', 'sample_verify', 'frontier_shape', 'adapt_threshold', 'step_options',
-           'device_shape', 'graph_step', 'step_runner', 'DeviceStep', 'DevicePlain']
+           'inverse_cdf', 'draw_children', 'pool_size', 'frontier_tree', 'pack_tree', 'fixed_shape', 'shape_plan',
+           'shape_tree', 'sibling_rank', 'greedy_verify', 'sample_verify', 'frontier_shape', 'adapt_threshold',
+           'step_options', 'device_shape', 'graph_step', 'step_runner', 'DeviceStep', 'DevicePlain']
 
 # %% ../nbs/api/07e_device_step.ipynb #08fe5322
 import math
@@ -71,6 +71,10 @@ def draw_children(rows, K, mode, noise=None):
     y = (rows.log() + noise).topk(K, -1).indices if mode == WITHOUT_REPLACEMENT else inverse_cdf(rows, noise)
     return rows.gather(1, y), y
 
+def pool_size(W, K, D):
+    "Candidates of a frontier pool grown in D draft calls of at most W nodes, K children each: the root, K of its own, K per node of each later call."
+    return 1 + K * (1 + (D - 1) * W)
+
 def frontier_tree(root_token, expand, N, W, K, D, *,
                   noise=None,          # FloatTensor[D, W, V]: Gumbel noise, for sampled draws (None: each row's top tokens)
                   layer_only=False,    # expand only the newest layer's best (EAGLE-2), not the best open nodes of any depth
@@ -84,7 +88,7 @@ def frontier_tree(root_token, expand, N, W, K, D, *,
     of the pool's candidates `slots` at call t (the root's at t = 0)."""
     dev = root_token.device if isinstance(root_token, torch.Tensor) else torch.device('cpu')
     mode = DETERMINISTIC if noise is None else WITHOUT_REPLACEMENT
-    M = 1 + K * (1 + (D - 1) * W)                                                    # candidates: the root, then K per expanded node
+    M = pool_size(W, K, D)                                                           # candidates: the root, then K per expanded node
     z = lambda dt=torch.long: torch.zeros(M + 1, dtype=dt, device=dev)              # [M + 1]: entry M is the scratch candidate
     tok, par, dep, layer, rowof = z(), z() - 1, z(), z(), z() - 1
     val, key, exists, opened = z(torch.float32), torch.full((M + 1,), -math.inf, device=dev), z(torch.bool), z(torch.bool)
@@ -372,14 +376,14 @@ class DeviceStep:
         self.capacity, self.device = capacity, input_device(target)
         self.N = budget + 1
         self.plan = None if parents is None else shape_plan(parents, self.N, self.device)   # a fixed shape: its pool is the tree's N slots
-        self.M = self.N if self.plan else 1 + self.K * (1 + (self.D - 1) * self.W)
+        self.M = self.N if self.plan else pool_size(self.W, self.K, self.D)
         self.setting = (budget, depth)                                               # the step's own setting, then the others it runs
         self.shapes = {self.setting: (self.N, self.W, self.K, self.D, self.M, self.threshold)}   # setting -> (N, W, K, D, M, threshold)
         if settings and self.plan is not None: raise ValueError(f"{method}'s shape is fixed: it runs one setting")
         for b, d in settings:
             if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= budget: raise ValueError(f"a setting's budget must be an integer from 1 to the step's ({budget}), got {b!r}")
             W, K, D, _ = device_shape(method, b, head.config.vocab_size, None if width is None else min(width, b), None if children is None else min(children, b), d)
-            self.shapes[(b, d)] = (b + 1, W, K, D, 1 + K * (1 + (D - 1) * W), step_options(method, b, threshold, fill, delta)[0])
+            self.shapes[(b, d)] = (b + 1, W, K, D, pool_size(W, K, D), step_options(method, b, threshold, fill, delta)[0])
         self.D, self.M = max(s[3] for s in self.shapes.values()), max(s[4] for s in self.shapes.values())   # the layout: the deepest and the largest pool
         self.graphs = graph_mode(graphs, self.device, 'target')
         self._run = step_runner(self.run, compile)                                   # the step itself, or inductor's

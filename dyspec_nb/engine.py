@@ -463,9 +463,9 @@ def _device_step(self: SpecDecoder, room):
     "step='device': the decoder's `DeviceStep`, kept from call to call; a new one with the next power of two >= `room` positions when it is too small."
     ds = getattr(self, '_device', None)
     if ds is None or ds.capacity < room:
-        if self.choosing:                                                       # every setting on one step, the largest its own
-            own = max(self.device_settings, key=lambda s: (s[0], s[1] is None, s[1] or 0))
-            ds = self._device = _new_device_step(self, own[0], _capacity(room), own[1], self.compile, tuple(s for s in self.device_settings if s != own))
+        if self.choosing:                                                       # every setting on one step, the last (a largest budget) its own
+            (b, d), *rest = self.device_settings[::-1]
+            ds = self._device = _new_device_step(self, b, _capacity(room), d, self.compile, tuple(rest))
         else:
             budget, depth = (self.device_budget, self.device_depth) if self.auto else (self.budget, None)
             ds = self._device = _new_device_step(self, budget, _capacity(room), depth, self.compile)
