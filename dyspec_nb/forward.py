@@ -191,7 +191,7 @@ def grouped_attention(q, K, V, fmask, scale=None, causal=False):
         if h != hk: K, V = K.repeat_interleave(h // hk, 1), V.repeat_interleave(h // hk, 1)   # [B, h, T, d] each
         return F.scaled_dot_product_attention(q, K, V, is_causal=True, scale=scale)
     a = F.scaled_dot_product_attention(q.reshape(B, hk, h // hk * T, d), K, V, attn_mask=fmask, scale=scale)   # [B, h_kv, (h / h_kv) T, d]
-    return a.view(B, h, T, d)
+    return a.reshape(B, h, T, d)                                               # a copy where SDPA's output is strided (CUDA's memory-efficient kernel)
 
 @torch.no_grad()
 def lean_layers(model, weights, x, cos, sin, mask, kv, hidden=False, causal=False):
