@@ -71,7 +71,9 @@ def generate_text(dec, tokenizer, messages, max_new_tokens=128, temperature=0.0,
     text = stream.end()                                                # the text is the tokens' decoding, whatever streamed
     out.write('\n'); out.flush()
     s = res.stats
-    line = (f"[{dec.method}, budget {dec.budget_label}{(', device step' + (', compiled' if getattr(dec, 'compile', False) else '')) if getattr(dec, 'step', 'host') == 'device' else ''}] {s.new_tokens} tokens in {s.steps} steps: "
+    step = getattr(dec, 'step', None)                                   # which step ran: the device step where it can, else the host step
+    tag = (f', {step} step' if step else '') + (', compiled' if getattr(dec, 'compile', False) else '')
+    line = (f"[{dec.method}, budget {dec.budget_label}{tag}] {s.new_tokens} tokens in {s.steps} steps: "
             f"{s.accepted_per_step:.2f} accepted draft tokens/step, {1e3 * s.seconds_per_token:.1f} ms/token")
     base = None
     if baseline and dec.method != 'autoregressive':                   # what a user would otherwise run: target.generate (and on CUDA its compiled static cache)
@@ -388,7 +390,7 @@ def parser(docs=False):
                         help="draft tokens per step: 'auto' (the cost rule; default for dyspec, dyspec_threshold, dyspec_adaptive) or N (default 16 for the others)")
         gp.add_argument('--max-budget', type=COUNT, default=None, help="with --budget auto: at most this many draft tokens per step (default 64)")
         gp.add_argument('--step', choices=('auto', 'host', 'device'), default='auto',
-                        help="where a step runs: 'device' (the whole step in tensor code on the target's device, one CUDA graph a step on a GPU), 'host', or 'auto' (default: the device step on CUDA where the setting allows it)")
+                        help="where a step runs: 'device' (the whole step in tensor code on the target's device, one CUDA graph a step on a GPU), 'host', or 'auto' (default: the device step where the setting allows it)")
         gp.add_argument('--compile', action='store_true', help="the device step compiled by torch.compile (inductor) before its capture; its first step compiles, a minute or more")
         gp.add_argument('--refresh-costs', action='store_true', help="measure this machine's cost model again (seconds on a quiet CPU, much longer on a busy one; progress on standard error) instead of reading the cached one")
         gp.add_argument('--temperature', type=TEMPERATURE, default=0.0, help='target temperature; 0 is greedy (default)')
@@ -512,8 +514,6 @@ def _run(p, args, argv, started):
         from dyspec_nb.cost import cost_model
         try:
             target, draft, tok = load_pair(args.target, args.draft, args.device, args.dtype, need_draft=args.method != 'autoregressive')   # a device this machine lacks: before loading
-            cuda = next(target.parameters()).device.type == 'cuda'
-            if args.compile and args.step == 'auto' and not cuda: p.error("--compile compiles the device step, which --step auto takes on CUDA only: add --step device")
             budget_ = args.budget or ('auto' if args.method in COST_AWARE else 16)
             costs = cost_model(target, draft, refresh=True) if args.refresh_costs and budget_ == 'auto' and draft is not None else None
             dec = SpecDecoder(target, draft, args.method, budget_, max_budget=args.max_budget, costs=costs, step=args.step, compile=args.compile, **({'draws': args.draws} if args.draws else {}))

@@ -356,7 +356,7 @@ def step_runner(run, compile):
     return call
 
 class DeviceStep:
-    """Speculative decoding of a Llama-architecture `target` with its feature `head`, the whole step in tensor code on
+    """Speculative decoding of a Llama or Qwen2 `target` with its feature `head`, the whole step in tensor code on
     the target's device: the head's calls, the tree (`frontier_tree`, or `shape_tree` for a fixed shape), the
     verification forward, the verifier and the compaction of the target's cache, on fixed shapes, with the lengths kept
     in tensors updated in place. `step()` returns one small tensor, the step's only read back to the host. With `graphs` (default: on CUDA) each setting's
@@ -367,7 +367,7 @@ class DeviceStep:
                  settings=()):    # more `(budget, depth)` pairs this step can run (`step(setting=...)`), each of at most `budget` draft tokens; depth None: the builder's
         if method not in DEVICE_METHODS: raise ValueError(f"the device step builds {', '.join(DEVICE_METHODS)}, not {method!r}")
         if not is_head(head): raise ValueError("the device step drafts with a feature head (07c_head)")
-        if not lean_supported(target): raise ValueError("the device step needs the lean forward: a Llama-architecture target on SDPA attention")
+        if not lean_supported(target): raise ValueError("the device step needs the lean forward: a Llama or Qwen2 target on SDPA attention")
         check_head_target(head.config, target)
         if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= 127: raise ValueError(f"budget must be an integer from 1 to 127, got {budget!r}")
         self.target, self.head, self.method, self.budget = target, head, method, budget
@@ -502,13 +502,13 @@ class DeviceStep:
 
 # %% ../nbs/api/07e_device_step.ipynb #d3a1c0df
 class DevicePlain:
-    """Plain decoding of a Llama-architecture `target`, each step in tensor code on its device: one token's forward on a
+    """Plain decoding of a Llama or Qwen2 `target`, each step in tensor code on its device: one token's forward on a
     static cache, the token taken there, the cache's length kept in a tensor. `step()` returns `DeviceStep.step`'s layout
     for one token, its only read back to the host; with `graphs` (default: on CUDA) each setting is one CUDA graph, and
     with `compile` the step is inductor's (`step_runner`)."""
     D, N = 0, 1                                                                      # no draft calls; one node, the root
     def __init__(self, target, capacity=1024, graphs=None, compile=False):
-        if not lean_supported(target): raise ValueError("the device step needs the lean forward: a Llama-architecture target on SDPA attention")
+        if not lean_supported(target): raise ValueError("the device step needs the lean forward: a Llama or Qwen2 target on SDPA attention")
         self.target, self.capacity, self.device = target, capacity, input_device(target)
         self.graphs, self._run = graph_mode(graphs, self.device, 'target'), step_runner(self.run, compile)
         self.tcache = StaticCache(target, capacity, buckets=(1,), graphs=False)

@@ -137,7 +137,7 @@ def _device_refusal(target, draft, method, budget, auto, static, attention, opti
     "Why the device step cannot run this decoder's setting (a sentence), or None: it builds `DEVICE_METHODS` with a feature head on a lean target, and decodes plainly (`DevicePlain`) on one."
     if method not in DEVICE_METHODS + ('autoregressive',): return f"step='device' builds {', '.join(DEVICE_METHODS)} and decodes autoregressively, not {method!r}"
     if method != 'autoregressive' and not is_head(draft): return "step='device' drafts with a feature head (07c_head): load the pair with draft='head'"
-    if not lean_supported(target): return "step='device' needs the lean forward: a Llama-architecture target on SDPA attention"
+    if not lean_supported(target): return "step='device' needs the lean forward: a Llama or Qwen2 target on SDPA attention"
     if static: return "step='device' runs on fixed shapes already: leave static=False"
     if attention == 'triton': return "step='device' verifies with the lean forward's attention, not attention='triton'"
     if method == 'autoregressive': return None
@@ -150,17 +150,16 @@ def _device_refusal(target, draft, method, budget, auto, static, attention, opti
         except ValueError as e: return str(e)
     return None
 
-def _check_step(step, target, draft, method, budget, auto, static, attention, options, device_type=None):
+def _check_step(step, target, draft, method, budget, auto, static, attention, options):
     """`step`, checked with the rest of the decoder's arguments: 'host' or 'device' as asked ('device' refused with the
-    reason where it cannot run), and for 'auto' the device step where the target is on CUDA (`device_type`, default the
-    target's) and the setting allows it, else the host step."""
+    reason where it cannot run), and for 'auto' the device step wherever the setting allows it, else the host step."""
     if step not in ('auto', 'host', 'device'): raise ValueError(f"step must be 'auto', 'host' or 'device', got {step!r}")
     if step == 'host': return step
     why = _device_refusal(target, draft, method, budget, auto, static, attention, options)
     if step == 'device':
         if why: raise ValueError(why)
         return step
-    return 'device' if why is None and (device_type or input_device(target).type) == 'cuda' else 'host'
+    return 'host' if why else 'device'
 
 def _device_kwargs(method, options):
     "The `DeviceStep` arguments of the decoder's builder options (eagle2's `topk` is its width and children; opt_tree's `max_depth`, its draft calls)."
@@ -204,7 +203,7 @@ class SpecDecoder:
                  max_budget=None,    # budget='auto' only: the cap on draft tokens per step (default AUTO_CAP)
                  costs=None,         # budget='auto' only: a cost.CostModel (default: this machine's, cached; measured on first use)
                  static=False,       # the target verifies, and the draft drafts, on fixed shapes (06e_static, 07c_head: padded to buckets; CUDA graphs on a GPU)
-                 step='auto',        # 'host': trees built and verified on the host; 'device': the whole step in tensor code on the target's device (07e_device_step); 'auto': the device step on CUDA where the setting allows, else the host step
+                 step='auto',        # 'host': trees built and verified on the host; 'device': the whole step in tensor code on the target's device (07e_device_step); 'auto': the device step where the setting allows, else the host step
                  compile=False,      # the device step only: compiled by inductor before its capture (07e's `step_runner`), on PyTorch's products; with budget='auto', only the setting the first call keeps
                  **options):         # `options` go to the builder
         if method != 'autoregressive' and method not in BUILDERS:
@@ -244,12 +243,12 @@ class SpecDecoder:
         self.target, self.draft, self.method, self.budget, self.options = target, draft, method, budget, options
         if not isinstance(lean, bool): raise ValueError(f"lean must be True or False, got {lean!r}")
         if not isinstance(static, bool): raise ValueError(f"static must be True or False, got {static!r}")
-        if static and not (lean and lean_supported(target)): raise ValueError("static=True needs the lean forward: a Llama-architecture target on SDPA attention, lean=True")
+        if static and not (lean and lean_supported(target)): raise ValueError("static=True needs the lean forward: a Llama or Qwen2 target on SDPA attention, lean=True")
         if static and attention == 'triton': raise ValueError("static=True verifies with the lean forward's attention, not attention='triton'")
         if step == 'auto' and costs is not None: step = 'host'                # a cost model given is the host step's
         self.step = _check_step(step, target, draft, method, budget, auto, static, attention, options)
         if not isinstance(compile, bool): raise ValueError(f"compile must be True or False, got {compile!r}")
-        if compile and self.step != 'device': raise ValueError("compile=True compiles the device step, and this decoder runs the host step" + (" (step='auto' takes the device step on CUDA only)" if step == 'auto' else '') + ": give step='device'")
+        if compile and self.step != 'device': raise ValueError("compile=True compiles the device step, and this decoder runs the host step" + (" (step='auto' takes it where the device step cannot run the setting)" if step == 'auto' else '') + ": give step='device'")
         self.compile = compile
         self.prefetch, self.small_linear, self.lean, self.static = prefetch, small_linear and not compile, lean, static   # compiled, the products are PyTorch's (`rows_linear`): no kernel choice to measure
         if self.small_linear: product_choice(target, draft, lean=lean)        # kernel or PyTorch per weight shape, measured once per machine (06d_cost)

@@ -16,7 +16,7 @@ import atexit, contextlib, copy, errno, fcntl, hashlib, json, math, mmap, re, st
 from functools import lru_cache
 from pathlib import Path
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers.utils import logging as hf_logging
 from safetensors import SafetensorError
 from .draft import load_draft
@@ -549,14 +549,15 @@ def load_pair(target=None, draft=None, device=None, dtype=None, need_draft=True)
     return t, d, tok
 
 # %% ../nbs/api/05_models.ipynb #d3a3b03b
-def tiny_llama(vocab_size=16, hidden_size=32, layers=2, heads=4, kv_heads=2, seed=0, max_position_embeddings=512):
-    "A randomly initialised `LlamaForCausalLM` in fp32, eval mode; the same seed gives the same weights."
-    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=layers,
+def tiny_llama(vocab_size=16, hidden_size=32, layers=2, heads=4, kv_heads=2, seed=0, max_position_embeddings=512, family='llama'):
+    "A randomly initialised `LlamaForCausalLM` in fp32, eval mode, or with `family='qwen2'` a `Qwen2ForCausalLM` (Llama's layers with biases on the query, key and value projections); the same seed gives the same weights."
+    if family not in ('llama', 'qwen2'): raise ValueError(f"family must be 'llama' or 'qwen2', got {family!r}")
+    cfg = (LlamaConfig if family == 'llama' else Qwen2Config)(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=layers,
                       num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_position_embeddings,
                       bos_token_id=0, eos_token_id=1, pad_token_id=1, tie_word_embeddings=False)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        m = LlamaForCausalLM(cfg)
+        m = (LlamaForCausalLM if family == 'llama' else Qwen2ForCausalLM)(cfg)
         with torch.no_grad():
             for p in m.parameters(): p.normal_(0, 0.5 if p.dim() > 1 else 0.1)   # peaky enough to be interesting
             for n_, p in m.named_parameters():
