@@ -7,7 +7,7 @@ __all__ = ['COST_SIZES', 'ROUND_WEIGHT', 'MEASURE_SECONDS', 'PRODUCTS_MARGIN', '
            'model_fingerprint', 'cost_fingerprint', 'interpolate', 'CostModel', 'loadavg', 'memory_bandwidth',
            'weight_bytes', 'step_limit', 'measure_cost_model', 'cost_model_path', 'costs_writable', 'cost_model',
            'product_weights', 'product_shapes', 'measure_products', 'products_path', 'products_fingerprint',
-           'machine_busy', 'product_choice', 'plot_cost_model']
+           'cpu_seconds', 'others_load', 'machine_busy', 'product_choice', 'plot_cost_model']
 
 # %% ../nbs/api/06d_cost.ipynb #78173147
 import hashlib, json, math, os, platform, sys, tempfile, time, warnings, weakref
@@ -367,19 +367,36 @@ def products_fingerprint(*models, lean=True):
     if not shapes: return None
     return dict(machine=machine_fingerprint('cpu'), shapes=[[n, k, c] for (n, k), c in sorted(shapes.items())], rows=list(CHOICE_ROWS), margin=PRODUCTS_MARGIN)
 
-def machine_busy(load=None, cores=None):
-    "Whether the machine is too busy to time products: a 1-minute load average (`loadavg`, or `load`) of at least half its cores (False where the system does not say)."
-    load = loadavg() if load is None else load
-    return bool(load) and load[0] >= (cores or os.cpu_count() or 1) / 2
+def cpu_seconds():
+    "`(busy CPU seconds of every process, of this one)`: `/proc/stat`'s busy ticks since boot (user, nice, system, irq, softirq, steal) and `os.times`; None where the system does not say."
+    try:
+        with open('/proc/stat') as f: t = [int(x) for x in f.readline().split()[1:9]]
+        return (sum(t) - t[3] - t[4]) / os.sysconf('SC_CLK_TCK'), sum(os.times()[:2])
+    except (OSError, ValueError, AttributeError, IndexError): return None
+
+def others_load(since=None, look=0.5):
+    "The cores that other processes kept busy on average: since `since` (`(time.perf_counter(), cpu_seconds())`), else over `look` seconds of sleep; None where the system does not say."
+    if since is None: since = (time.perf_counter(), cpu_seconds()); time.sleep(look)
+    (t0, c0), c1 = since, cpu_seconds()
+    if c0 is None or c1 is None: return None
+    return max(0.0, (c1[0] - c0[0]) - (c1[1] - c0[1])) / max(time.perf_counter() - t0, 1e-9)
+
+def machine_busy(load=None, cores=None, since=None):
+    """Whether the machine is too busy to time products: other processes kept at least half its cores busy (`load`
+    cores, else `others_load(since)`), this process's own work not counted, so that its own loading and measuring do
+    not stop it (a load average would count them); False where the system does not say."""
+    load = others_load(since) if load is None else load
+    return load is not None and load >= (cores or os.cpu_count() or 1) / 2
 
 def _measure_choice(ms, fp, path, writable, lean, measure, busy, progress):
     "Measure the product choice of the models `ms` (fingerprint `fp`) and cache it in `path` if `writable`; None when the machine grew `busy()` meanwhile."
     if progress: print("dyspec: timing the few-row kernel against PyTorch's product for each weight shape, once "
                        + (f"(cached in {path}) ..." if writable else "(not cached: the cache folder takes no file) ..."), file=sys.stderr, flush=True)
     t0, load = time.perf_counter(), loadavg()
+    since = (t0, cpu_seconds())
     choice, seconds = measure([w for m in ms for w in product_weights(m, lean)])
-    if busy():
-        if progress: print(f"dyspec: the machine grew busy (load {loadavg()}): the kernel everywhere for now, nothing cached", file=sys.stderr, flush=True)
+    if busy(since=since):                                                  # other processes' work meanwhile, not ours
+        if progress: print(f"dyspec: other processes kept the machine busy meanwhile (load {loadavg()}): the kernel everywhere for now, nothing cached", file=sys.stderr, flush=True)
         return None
     if writable:
         rec = dict(fingerprint=fp, choice=[[n, k, rows] for (n, k), rows in sorted(choice.items())], measured_at=datetime.now().astimezone().isoformat(timespec='seconds'),
@@ -396,9 +413,9 @@ def product_choice(*models, lean=True, refresh=False, progress=True, measure=mea
     """Which product, the kernel's or `F.linear`, runs each weight shape and row count of the float32 CPU `models` (None
     skipped) on this machine: read from the cache, else measured (`measure`, seconds on a quiet CPU) and cached; installed
     with `set_products` and returned as `{(N, K): the row counts of CHOICE_ROWS that go to F.linear}` (empty: the kernel
-    everywhere, and always where the kernel is not built). A machine that is `busy()` before or after the measurement
-    keeps the kernel everywhere, for this process, and caches nothing: under load the threads' waits, not the products,
-    would be timed."""
+    everywhere, and always where the kernel is not built). A machine that other processes keep `busy` before or during the
+    measurement keeps the kernel everywhere, for this process, and caches nothing: under load the threads' waits, not
+    the products, would be timed."""
     fp = products_fingerprint(*models, lean=lean)
     if fp is None: return {}
     path = products_path(fp)
