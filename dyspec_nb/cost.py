@@ -396,7 +396,7 @@ def _measure_choice(ms, fp, path, writable, lean, measure, busy, progress):
     since = (t0, cpu_seconds())
     choice, seconds = measure([w for m in ms for w in product_weights(m, lean)])
     if busy(since=since):                                                  # other processes' work meanwhile, not ours
-        if progress: print(f"dyspec: other processes kept the machine busy meanwhile (load {loadavg()}): the kernel everywhere for now, nothing cached", file=sys.stderr, flush=True)
+        if progress: print(f"dyspec: other processes kept {others_load(since) or 0:.1f} of {os.cpu_count()} cores busy meanwhile: the kernel everywhere for now, nothing cached", file=sys.stderr, flush=True)
         return None
     if writable:
         rec = dict(fingerprint=fp, choice=[[n, k, rows] for (n, k), rows in sorted(choice.items())], measured_at=datetime.now().astimezone().isoformat(timespec='seconds'),
