@@ -338,7 +338,7 @@ def decode_step(target, draft, seq, tcache, dcache, build, budget, generator, *,
     out = _until_eos(out, eos, max_tokens)
     keep_positions(tcache, torch.cat([torch.arange(L - 1), L - 1 + torch.tensor([0] + nodes, dtype=torch.long)]))
     if head: dcache.add_features(feats[torch.tensor([0] + nodes, dtype=torch.long)], L - 1)   # positions L-1.. of the kept path
-    if session is not None: session.keep_path(nodes if order is None else order[nodes].tolist())   # the draft's numbering
+    if session is not None: session.keep_path(tree.tokens[nodes].tolist())   # by tokens: the session finds the nodes in its own tree
     t_end = time.perf_counter()
     d = session.seconds if session is not None else 0.0
     return out, StepRecord(tree_size=tree.n - 1, depth=tree.depth, accepted=min(len(nodes), len(out)), emitted=len(out),   # accepted and emitted: a cut step counts only what it emitted

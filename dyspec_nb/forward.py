@@ -265,6 +265,7 @@ class DraftSession:
         self.root_pos = len(seq) - 1                         # position of the root (the last emitted token)
         self.pending = seq[cache_len(cache):-1]             # tokens the draft has not seen, before the root
         self.slot, self.rows = {}, {}                         # tree node -> cache slot, and -> its row [V]
+        self.child = {}                                       # (parent node, token) -> a computed node: the path `keep_path` follows
         self.seconds, self.calls, self.computed = 0.0, 0, 0   # time in the draft, calls, rows computed
 
     def __call__(self, tree, nodes):
@@ -296,6 +297,7 @@ class DraftSession:
             logits = self.logits(tree, new, ids, pos, additive_mask(allowed, self.model.dtype), c)   # [len(new), V]
             for u, row in zip(new, sampling_probs(logits, **self.sampling)): self.rows[u] = row
             self.pending, self.slot = [], slot
+            for u in new: self.child.setdefault((par[u], toks[u]), u)
             self.computed += len(new)
         self.seconds += time.perf_counter() - t0; self.calls += 1
         return torch.stack([self.rows[u] for u in nodes.tolist()])   # [k, V]
@@ -304,12 +306,15 @@ class DraftSession:
         "The draft's logits [len(new), V] of one call: the c pending text tokens then the `new` tree nodes (ids, pos LongTensor[q]; mask [1, 1, q, P + q])."
         return forward(self.model, ids, pos, mask, self.cache, keep=torch.arange(c, len(ids)))   # rows of the new tree nodes only
 
-    def keep_path(self, nodes):
-        "After verification: keep the text and the computed prefix of the accepted path `nodes` (root excluded, draft's numbering)."
+    def keep_path(self, tokens):
+        """After verification: keep the text and the computed prefix of the accepted path, given by its `tokens` (root
+        excluded). Each kept node is found in the tree this session computed, by its parent and its token: the verified
+        tree may number its nodes otherwise (EAGLE-2 and OPT-Tree keep a renumbered subset of what they grew)."""
         if not self.slot: return
-        path = []
-        for u in [0] + list(nodes):
-            if u not in self.slot: break                      # a leaf the draft never expanded: its row was not needed
+        path = [0]
+        for t in tokens:
+            u = self.child.get((path[-1], t))
+            if u is None: break                               # a leaf the draft never expanded: its row was not needed
             path.append(u)
         first = min(self.slot.values())                       # slots before the first tree node hold the text
         keep_positions(self.cache, torch.cat([torch.arange(first), torch.tensor([self.slot[u] for u in path], dtype=torch.long)]))

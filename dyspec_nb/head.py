@@ -512,8 +512,8 @@ class HeadSession(DraftSession):
         for j, u in enumerate(new): self.out[u] = out.features[0, c + j]
         return out.logits[0].float().cpu()
 
-    def keep_path(self, nodes):
-        "Keep the text and the root (they read the target's own features); the accepted nodes are read again next step, with the target's features."
+    def keep_path(self, tokens):
+        "Keep the text and the root (they read the target's own features); the accepted `tokens` are read again next step, with the target's features."
         if not self.slot: return
         keep_positions(self.cache, torch.arange(self.slot[0] + 1))
         self.cache.forget_before(self.root_pos)
