@@ -17,7 +17,7 @@ from .builders import sequoia_shape, specinfer_sizes, DEFAULT_ACCEPTANCE, OPT_TR
 from .verify import sampling_probs
 from .static import StaticCache, static_forward, graph_mode, run_bucket
 from .head import StaticHeadCache, lean_head_layer, head_weights, is_head, check_head_target
-from .forward import prefill, input_device, lean_supported, additive_mask, NO_ROWS
+from .forward import prefill, input_device, lean_supported, additive_mask, logits_size, NO_ROWS, LEAN_MODELS
 
 # %% ../nbs/api/07e_device_step.ipynb #8b135ce0
 def ancestors(parents):
@@ -356,22 +356,25 @@ def step_runner(run, compile):
     return call
 
 class DeviceStep:
-    """Speculative decoding of a Llama or Qwen2 `target` with its feature `head`, the whole step in tensor code on
-    the target's device: the head's calls, the tree (`frontier_tree`, or `shape_tree` for a fixed shape), the
+    """Speculative decoding of a Llama or Qwen2 `target` with a `draft` of its vocabulary, a feature head or a token
+    draft (a causal LM the lean forward runs), the whole step in tensor code on the target's device: the draft's calls, the tree (`frontier_tree`, or `shape_tree` for a fixed shape), the
     verification forward, the verifier and the compaction of the target's cache, on fixed shapes, with the lengths kept
     in tensors updated in place. `step()` returns one small tensor, the step's only read back to the host. With `graphs` (default: on CUDA) each setting's
     step is one CUDA graph; 'emulate' runs it eagerly but returns its outputs as a replayed graph does. With `compile`,
     what runs (or is captured) is the step compiled by inductor (`step_runner`)."""
-    def __init__(self, target, head, method='dyspec', budget=8, width=None, children=None, depth=None, threshold=None, capacity=1024, graphs=None,
+    def __init__(self, target, draft, method='dyspec', budget=8, width=None, children=None, depth=None, threshold=None, capacity=1024, graphs=None,
                  k=None, acceptance=None, max_depth=None, fill=None, delta=None, compile=False,
                  settings=()):    # more `(budget, depth)` pairs this step can run (`step(setting=...)`), each of at most `budget` draft tokens; depth None: the builder's
         if method not in DEVICE_METHODS: raise ValueError(f"the device step builds {', '.join(DEVICE_METHODS)}, not {method!r}")
-        if not is_head(head): raise ValueError("the device step drafts with a feature head (07c_head)")
-        if not lean_supported(target): raise ValueError("the device step needs the lean forward: a Llama or Qwen2 target on SDPA attention")
-        check_head_target(head.config, target)
+        if not lean_supported(target): raise ValueError(f"the device step needs the lean forward: {LEAN_MODELS}, not this target")
+        self.features = is_head(draft)                                               # a feature head reads the target's features; a token draft, its own text
+        if self.features: check_head_target(draft.config, target)
+        elif not lean_supported(draft): raise ValueError(f"the device step drafts with a feature head (07c_head) or a token draft the lean forward runs: {LEAN_MODELS}")
+        self.V = logits_size(target)
+        if logits_size(draft) != self.V: raise ValueError(f"the draft gives {logits_size(draft)} logits and the target {self.V}: they must share a vocabulary")
         if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget <= 127: raise ValueError(f"budget must be an integer from 1 to 127, got {budget!r}")
-        self.target, self.head, self.method, self.budget = target, head, method, budget
-        self.W, self.K, self.D, parents = device_shape(method, budget, head.config.vocab_size, width, children, depth, k, acceptance, max_depth)
+        self.target, self.draft, self.method, self.budget = target, draft, method, budget
+        self.W, self.K, self.D, parents = device_shape(method, budget, self.V, width, children, depth, k, acceptance, max_depth)
         self.threshold, self.fill, self.delta = step_options(method, budget, threshold, fill, delta)
         self.capacity, self.device = capacity, input_device(target)
         self.N = budget + 1
@@ -382,49 +385,62 @@ class DeviceStep:
         if settings and self.plan is not None: raise ValueError(f"{method}'s shape is fixed: it runs one setting")
         for b, d in settings:
             if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= budget: raise ValueError(f"a setting's budget must be an integer from 1 to the step's ({budget}), got {b!r}")
-            W, K, D, _ = device_shape(method, b, head.config.vocab_size, None if width is None else min(width, b), None if children is None else min(children, b), d)
+            W, K, D, _ = device_shape(method, b, self.V, None if width is None else min(width, b), None if children is None else min(children, b), d)
             self.shapes[(b, d)] = (b + 1, W, K, D, pool_size(W, K, D), step_options(method, b, threshold, fill, delta)[0])
         self.D, self.M = max(s[3] for s in self.shapes.values()), max(s[4] for s in self.shapes.values())   # the layout: the deepest and the largest pool
         self.graphs = graph_mode(graphs, self.device, 'target')
         self._run = step_runner(self.run, compile)                                   # the step itself, or inductor's
-        self.tcache = StaticCache(target, capacity, buckets=tuple(sorted({s[0] for s in self.shapes.values()})), hidden=head.config.layers, graphs=False)
-        self.hcache = StaticHeadCache(head, capacity + self.D + self.M + 1, graphs=False)
-        self.weights = head_weights(head)                                            # the head's products, taken once
-        dev, F3 = self.device, head.config.hidden_size * len(head.config.layers)
+        self.tcache = StaticCache(target, capacity, buckets=tuple(sorted({s[0] for s in self.shapes.values()})), hidden=draft.config.layers if self.features else None, graphs=False)
+        C = capacity + self.D + self.M + 1                                           # the draft's cache: the text, then last step's path and the pool
+        self.dcache = StaticHeadCache(draft, C, graphs=False) if self.features else StaticCache(draft, C, buckets=(1,), graphs=False)
+        self.weights = head_weights(draft) if self.features else None                # the head's products, taken once
+        dev = self.device
         self.r = torch.zeros(1, dtype=torch.long, device=dev)                        # [1]: the root's position, the target's cached count
         self.k = torch.ones(1, dtype=torch.long, device=dev)                         # [1]: tokens emitted last step (the root the last)
         self.emitted = torch.full((self.D + 1,), -1, dtype=torch.long, device=dev)   # [D + 1]: last step's emitted tokens
-        self.tfeat = torch.zeros(self.D + 1, F3, device=dev, dtype=head.dtype)       # [D + 1, 3H]: the target's features of last step's path
+        self.tfeat = (torch.zeros(self.D + 1, draft.config.hidden_size * len(draft.config.layers), device=dev, dtype=draft.dtype)
+                      if self.features else None)                                    # [D + 1, 3H]: the target's features of last step's path (a head's)
         self.text_from = torch.zeros(1, dtype=torch.long, device=dev)                # [1]: the head's first text position (1, or 0 for a one-token prompt)
         self.thr = torch.zeros(1, device=dev)                                        # [1]: dyspec_adaptive's threshold, adapted step by step
         self.runs = {}                                                               # a step's settings -> its buffers (and graph)
 
     def start(self, prompt):
         "Fill both caches with `prompt` (a list of ids) but its last token, the first step's root; the state is written in place."
-        L, dev, head, D = len(prompt), self.device, self.head, self.D
+        L, dev, draft, D = len(prompt), self.device, self.draft, self.D
         if not 1 <= L <= self.capacity - self.N - 1: raise ValueError(f"a prompt of {L} tokens does not fit a capacity of {self.capacity}")
-        self.tcache.n = 0
-        self.tfeat.zero_()
-        if L > 1:
-            _, f = prefill(self.target, torch.tensor(prompt[:-1]), self.tcache, keep=NO_ROWS, hidden=head.config.layers)   # [L - 1, 3H]; no logits read
-            feats = f.to(dev, head.dtype)
-            self.tfeat[0] = feats[-1]
-        if L > 2:                                                                    # the head reads positions 1..L-2 as text
-            pos, cols = torch.arange(1, L - 1, device=dev), torch.arange(self.hcache.K.shape[2], device=dev)
-            self._head(torch.tensor(prompt[1:-1], device=dev), pos, (cols[None] >= 1) & (cols[None] <= pos[:, None]), head.fuse(feats[:L - 2]))
-        self.text_from.fill_(1 if L > 1 else 0)                                      # position 0 has no feature before it
+        self.tcache.n = self.dcache.n = 0
+        if not self.features:                                                        # a token draft reads the text as the target does
+            if L > 1:
+                prefill(self.target, torch.tensor(prompt[:-1]), self.tcache, keep=NO_ROWS)
+                prefill(draft, torch.tensor(prompt[:-1]), self.dcache, keep=NO_ROWS)
+            self.text_from.fill_(0)
+        else:
+            self.tfeat.zero_()
+            if L > 1:
+                _, f = prefill(self.target, torch.tensor(prompt[:-1]), self.tcache, keep=NO_ROWS, hidden=draft.config.layers)   # [L - 1, 3H]; no logits read
+                feats = f.to(dev, draft.dtype)
+                self.tfeat[0] = feats[-1]
+            if L > 2:                                                                # the head reads positions 1..L-2 as text
+                pos, cols = torch.arange(1, L - 1, device=dev), torch.arange(self.dcache.K.shape[2], device=dev)
+                self._draft(torch.tensor(prompt[1:-1], device=dev), pos, (cols[None] >= 1) & (cols[None] <= pos[:, None]), draft.fuse(feats[:L - 2]))
+            self.text_from.fill_(1 if L > 1 else 0)                                  # position 0 has no feature before it
         self.r.fill_(L - 1); self.k.fill_(1); self.thr.fill_(min(1.0, 2.0 / self.budget))   # dyspec_adaptive: each call starts afresh, as on the host
         self.emitted.fill_(-1); self.emitted[0] = prompt[-1]
 
-    def _head(self, ids, pos, allowed, feats, slots=None):
-        "The head on q rows (ids, pos LongTensor[q], feats [q, H]) written at `slots` (default: their positions), seeing `allowed` BoolTensor[q, C]: its output features [q, H]."
-        self.hcache.slots = pos if slots is None else slots
-        return lean_head_layer(self.head, ids[None], pos[None], additive_mask(allowed, self.head.dtype), self.hcache, feats[None], rope=self.hcache.rope,
+    def _draft(self, ids, pos, allowed, feats=None, slots=None, rows=None):
+        """One draft call on q rows (ids, pos LongTensor[q]) written at `slots` (default: their positions), seeing `allowed`
+        BoolTensor[q, C]: a head's output features [q, H] (it reads `feats` [q, H]), or a token draft's logits [q, V]
+        (with `rows`, LongTensor[r], of those rows only: [r, V])."""
+        slots = pos if slots is None else slots
+        if not self.features: return static_forward(self.draft, self.dcache, dict(ids=ids, pos=pos, slots=slots, mask=additive_mask(allowed, self.draft.dtype)), rows)[0]
+        self.dcache.slots = slots
+        return lean_head_layer(self.draft, ids[None], pos[None], additive_mask(allowed, self.draft.dtype), self.dcache, feats[None], rope=self.dcache.rope,
                                weights=self.weights)[0]
 
-    def _rows(self, g, temperature):
-        "The draft's rows FloatTensor[q, V] of output features g [q, H]."
-        return sampling_probs(self.head.full_logits(self.head.reduced_logits(g)).float(), temperature=temperature)
+    def _rows(self, out, temperature):
+        "The draft's rows FloatTensor[q, V] of a call's output `out` (`_draft`'s)."
+        logits = self.draft.full_logits(self.draft.reduced_logits(out)) if self.features else out
+        return sampling_probs(logits.float(), temperature=temperature)
 
     def randomness(self, temperature=0.0, draws=None, generator=None, setting=None):
         """`(noise, u)`: one step's noise for random draws (None for top draws: `draws='top'`, the default at T = 0): Gumbel
@@ -436,7 +452,7 @@ class DeviceStep:
         top = self.method in ALWAYS_TOP or ((temperature == 0) if draws is None else draws == 'top')
         if top: noise = None
         elif self.method == 'specinfer': noise = torch.rand(D, W, K, generator=generator, device=self.device)
-        else: noise = gumbel_noise(D, W, self.head.config.vocab_size, generator, self.device)
+        else: noise = gumbel_noise(D, W, self.V, generator, self.device)
         u = None if temperature == 0 else torch.rand(self.D * K + 1, generator=generator, device=self.device, dtype=torch.float64)
         return noise, u
 
@@ -450,33 +466,37 @@ class DeviceStep:
         """One decoding step at `setting` (one of `shapes`; default the step's own). LongTensor[D + 4] on the device, D the
         layout's (the deepest setting's): the tokens emitted (k), the tree's draft tokens, its depth, then the D + 1 emitted
         tokens padded with -1 (under graphs, the graph's own output: read it before the next step). The tree is kept as
-        `last_tree`. Every setting shares the state and the caches: the next step may take another."""
+        `last_tree`, with the target's logits of its slots `last_logits` [N, V] and the accepted path `last_path` [D + 1]
+        (slots, the root first, padded with -1), for a trace to read. Every setting shares the state and the caches: the
+        next step may take another."""
         setting = self.setting if setting is None else tuple(setting)
         noise, u = self.randomness(temperature, draws, generator, setting)
         return graph_step(self, (setting, noise is None, temperature, top_p, top_k, draft_temperature), dict(noise=noise, u=u),
                           lambda noise, u: self._run(noise, u, temperature, top_p, top_k, draft_temperature, setting),
-                          (self.r, self.k, self.emitted, self.tfeat, self.thr))
+                          tuple(t for t in (self.r, self.k, self.emitted, self.tfeat, self.thr) if t is not None))
 
     def run(self, noise, u, temperature=0.0, top_p=1.0, top_k=0, draft_temperature=0.6, setting=None):
         "`step` on the given random numbers (`randomness`): tensor code only, what a CUDA graph captures or `torch.compile` compiles."
-        head, dev, L = self.head, self.device, self.D                               # L: the layout's depth, at least the setting's D
+        draft, dev, L = self.draft, self.device, self.D                             # L: the layout's depth, at least the setting's D
         N, W, K, D, M, threshold = self.shape_of(setting)
         budget = N - 1
-        C = self.hcache.K.shape[2]; cols = torch.arange(C, device=dev)
+        C = self.dcache.k.shape[2] if not self.features else self.dcache.K.shape[2]; cols = torch.arange(C, device=dev)
         r, k = self.r.clone(), self.k.clone()                                        # [1] each: the state is updated in place at the end
-        gfeat = torch.zeros(M + 1, head.config.hidden_size, device=dev, dtype=head.dtype)   # [M + 1, H]: each candidate's output feature
+        gfeat = torch.zeros(M + 1, draft.config.hidden_size, device=dev, dtype=draft.dtype) if self.features else None   # [M + 1, H]: a head's output feature per candidate
         text = (cols >= self.text_from) & (cols <= r)                                # [C]: the text and the root, seen by every tree node
         def expand(pool, slots, t):
             if t == 0:                                                               # the first call: last step's tokens, then the root
                 pos = r - k + 1 + torch.arange(L + 1, device=dev)                    # [L + 1]
                 allowed = (cols[None] >= self.text_from) & (cols[None] <= pos[:, None])
-                g = self._head(self.emitted.clamp(min=0), pos, allowed, head.fuse(self.tfeat))   # [L + 1, H]
+                if not self.features:                                                # a token draft: the root's logits only, [1, V]
+                    return self._rows(self._draft(self.emitted.clamp(min=0), pos, allowed, rows=k - 1), draft_temperature)
+                g = self._draft(self.emitted.clamp(min=0), pos, allowed, draft.fuse(self.tfeat))   # [L + 1, H]
                 gfeat[0] = g[k - 1][0]
                 return self._rows(g[k - 1], draft_temperature)                       # [1, V]: the root's row
             allowed = text[None].expand(slots.shape[0], C).clone()                   # [w, C]: the text, and each candidate's ancestors
             allowed[:, r + L + torch.arange(1, M + 1, device=dev)] = pool['ancestors'][slots][:, 1:]
-            g = self._head(pool['tokens'][slots], r + pool['depth'][slots], allowed, gfeat[pool['parents'][slots]], r + L + slots)   # candidate j at slot r + L + j
-            gfeat[slots] = g
+            g = self._draft(pool['tokens'][slots], r + pool['depth'][slots], allowed, gfeat[pool['parents'][slots]] if self.features else None, r + L + slots)   # candidate j at slot r + L + j
+            if self.features: gfeat[slots] = g
             return self._rows(g, draft_temperature)
         if self.plan is not None:                                                    # Sequoia's or SpecInfer's shape
             mode = DETERMINISTIC if noise is None else WITH_REPLACEMENT if self.method == 'specinfer' else WITHOUT_REPLACEMENT
@@ -495,9 +515,9 @@ class DeviceStep:
         else: path, toks, n = sample_verify(tree, sampling_probs(logits.float(), temperature, top_p, top_k), u, K, L)
         src, dst = r + path.clamp(min=0), r + torch.arange(L + 1, device=dev)        # the accepted path moves to the cache's end
         for t in (self.tcache.k, self.tcache.v): t[:, :, dst] = t[:, :, src]
-        self.tfeat.copy_(states[path.clamp(min=0)])
+        if self.features: self.tfeat.copy_(states[path.clamp(min=0)])
         self.emitted.copy_(toks); self.k.copy_(n[None]); self.r.add_(n)
-        self.last_tree = tree
+        self.last_tree, self.last_logits, self.last_path = tree, logits, path      # what a trace reads back, after the step
         return torch.cat([n[None], tree.valid.sum()[None] - 1, torch.where(tree.valid, depth, 0).max()[None], toks])
 
 # %% ../nbs/api/07e_device_step.ipynb #d3a1c0df
@@ -508,7 +528,7 @@ class DevicePlain:
     with `compile` the step is inductor's (`step_runner`)."""
     D, N = 0, 1                                                                      # no draft calls; one node, the root
     def __init__(self, target, capacity=1024, graphs=None, compile=False):
-        if not lean_supported(target): raise ValueError("the device step needs the lean forward: a Llama or Qwen2 target on SDPA attention")
+        if not lean_supported(target): raise ValueError(f"the device step needs the lean forward: {LEAN_MODELS}, not this target")
         self.target, self.capacity, self.device = target, capacity, input_device(target)
         self.graphs, self._run = graph_mode(graphs, self.device, 'target'), step_runner(self.run, compile)
         self.tcache = StaticCache(target, capacity, buckets=(1,), graphs=False)
@@ -535,6 +555,7 @@ class DevicePlain:
         logits, _ = static_forward(self.target, self.tcache, buf)                    # [1, V]
         if temperature == 0: tok = logits[0].argmax(-1, keepdim=True)              # [1]
         else: tok = inverse_cdf(sampling_probs(logits.float(), temperature, top_p, top_k)[0].double(), u)
+        self.last_logits = logits                                                    # what a trace reads back, after the step
         self.last.copy_(tok); self.r.add_(1)
         one = torch.ones(1, dtype=torch.long, device=self.device)
         return torch.cat([one, one - 1, one - 1, tok])                               # [4]: one token, no tree, depth 0, the token

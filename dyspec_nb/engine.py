@@ -19,7 +19,7 @@ from .builders import BUILDERS, COST_AWARE, DRAWS, MAX_BUDGET, TOP_DRAWS, run_op
 from .verify import sampling_probs, verify_path, as_count
 from .tree_attention import tree_mask, register_tree_attention, kernel_verified, kernel_pays
 from .small_linear import use_small_linear
-from .forward import DraftSession, additive_mask, forward, prefill, keep_positions, input_device, new_cache, lean_supported
+from .forward import DraftSession, additive_mask, forward, prefill, keep_positions, input_device, new_cache, lean_supported, logits_size, LEAN_MODELS
 from .static import StaticCache, BUCKETS
 from .cost import CostModel, cost_model, product_choice
 from .head import HeadSession, HeadCache, StaticHeadCache, is_head, check_head_target, unrolled_logits
@@ -97,12 +97,6 @@ class GenerationOutput:
     stats: GenerationStats
 
 # %% ../nbs/api/08_engine.ipynb #9721561c
-def _vocab_size(model):
-    "Number of logits the model produces: its `logits_size` if it declares one, else the width of its output layer."
-    if getattr(model, 'logits_size', None): return model.logits_size
-    out = model.get_output_embeddings()
-    return out.weight.shape[0] if out is not None else model.config.vocab_size
-
 def _context(model):
     "The positions `model` takes (no limit for no model, or one that does not say)."
     return (model is not None and getattr(model.config, 'max_position_embeddings', None)) or 1 << 30
@@ -134,10 +128,10 @@ CHOOSING_FIRST = 2                  # ... after this many steps of each, in orde
 CHOOSING_STOP = 0.75                # ... until one runs at under this share of the best rate before it
 
 def _device_refusal(target, draft, method, budget, auto, static, attention, options):
-    "Why the device step cannot run this decoder's setting (a sentence), or None: it builds `DEVICE_METHODS` with a feature head on a lean target, and decodes plainly (`DevicePlain`) on one."
+    "Why the device step cannot run this decoder's setting (a sentence), or None: it builds `DEVICE_METHODS` with a feature head or a lean token draft on a lean target, and decodes plainly (`DevicePlain`) on one."
     if method not in DEVICE_METHODS + ('autoregressive',): return f"step='device' builds {', '.join(DEVICE_METHODS)} and decodes autoregressively, not {method!r}"
-    if method != 'autoregressive' and not is_head(draft): return "step='device' drafts with a feature head (07c_head): load the pair with draft='head'"
-    if not lean_supported(target): return "step='device' needs the lean forward: a Llama or Qwen2 target on SDPA attention"
+    if not lean_supported(target): return f"step='device' needs the lean forward: {LEAN_MODELS}, not this target"
+    if method != 'autoregressive' and not (is_head(draft) or lean_supported(draft)): return f"step='device' drafts with a feature head (07c_head) or a token draft the lean forward runs: {LEAN_MODELS}"
     if static: return "step='device' runs on fixed shapes already: leave static=False"
     if attention == 'triton': return "step='device' verifies with the lean forward's attention, not attention='triton'"
     if method == 'autoregressive': return None
@@ -146,7 +140,7 @@ def _device_refusal(target, draft, method, budget, auto, static, attention, opti
     try: step_options(method, budget, *(options.get(n) for n in ('threshold', 'fill', 'delta')))   # a builder's own options
     except ValueError as e: return str(e)
     for b in ([b for b in DEVICE_AUTO_BUDGETS if b <= budget] or [budget]) if auto else [budget]:
-        try: _device_shape(method, b, options, _vocab_size(target))            # a frontier or a shape out of range
+        try: _device_shape(method, b, options, logits_size(target))            # a frontier or a shape out of range
         except ValueError as e: return str(e)
     return None
 
@@ -233,7 +227,7 @@ class SpecDecoder:
                     raise ValueError(f"the head is in {str(draft.dtype)[6:]}: a head runs in float32 or bfloat16 (head.float() or head.bfloat16())")
                 if draft.dtype != target.dtype: raise ValueError(f"the head is in {str(draft.dtype)[6:]} and its target in {str(target.dtype)[6:]}: "
                                                                  "put both in one dtype (load_pair(..., dtype=...) or head.to(target.dtype))")
-            vt, vd = _vocab_size(target), _vocab_size(draft)
+            vt, vd = logits_size(target), logits_size(draft)
             if vt != vd or target.config.vocab_size != draft.config.vocab_size:
                 raise ValueError(f"target and draft vocabularies differ: target has {vt} logits "
                                  f"(config {target.config.vocab_size}), draft {vd} (config {draft.config.vocab_size}); give a draft "
@@ -243,9 +237,10 @@ class SpecDecoder:
         self.target, self.draft, self.method, self.budget, self.options = target, draft, method, budget, options
         if not isinstance(lean, bool): raise ValueError(f"lean must be True or False, got {lean!r}")
         if not isinstance(static, bool): raise ValueError(f"static must be True or False, got {static!r}")
-        if static and not (lean and lean_supported(target)): raise ValueError("static=True needs the lean forward: a Llama or Qwen2 target on SDPA attention, lean=True")
+        if static and not (lean and lean_supported(target)): raise ValueError(f"static=True needs the lean forward (lean=True): {LEAN_MODELS}, not this target")
         if static and attention == 'triton': raise ValueError("static=True verifies with the lean forward's attention, not attention='triton'")
-        if step == 'auto' and costs is not None: step = 'host'                # a cost model given is the host step's
+        if step == 'auto' and (costs is not None or not lean): step = 'host'  # a cost model given is the host step's, and so is a model's own forward
+        if step == 'device' and not lean: raise ValueError("step='device' runs the lean forward: leave lean=True, or give step='host'")
         self.step = _check_step(step, target, draft, method, budget, auto, static, attention, options)
         if not isinstance(compile, bool): raise ValueError(f"compile must be True or False, got {compile!r}")
         if compile and self.step != 'device': raise ValueError("compile=True compiles the device step, and this decoder runs the host step" + (" (step='auto' takes it where the device step cannot run the setting)" if step == 'auto' else '') + ": give step='device'")
@@ -257,7 +252,7 @@ class SpecDecoder:
         if self.auto and self.step == 'device':                             # measured on the first call (device_probe), not by the cost model
             if costs is not None: raise ValueError("costs= is the host step's cost model; the device step's budget='auto' measures its own steps")
             self.choosing = input_device(target).type != 'cuda' and not compile   # off CUDA: a setting chosen step by step from the steps' own rates (`choose_setting`)
-            self.device_settings = _device_settings(method, budget, options, _vocab_size(target), self.choosing)
+            self.device_settings = _device_settings(method, budget, options, logits_size(target), self.choosing)
             self.device_budget, self.device_depth, self.device_rates, self.costs = None, None, None, None
             self.setting_runs = {}                                          # choosing: (greedy, setting) -> [tokens, seconds, steps] of its steps so far
         else:
@@ -389,7 +384,7 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
     ctx = min(_context(self.target), _context(self.draft))
     if len(seq) + max_new_tokens > ctx:
         raise ValueError(f"the prompt ({len(seq)} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the context of {ctx} positions")
-    V = _vocab_size(self.target)
+    V = logits_size(self.target)
     if max(seq) >= V or min(seq) < 0: raise ValueError(f"prompt token ids must lie in [0, {V})")
     sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k)
     draft_sampling = dict(temperature=draft_temperature)                      # the draft's own rows: top-p and top-k are the target's
@@ -407,8 +402,7 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
     eos = _eos_ids(self.target, eos_token_id)
     stats = GenerationStats()
     if self.step == 'device':
-        if trace: raise ValueError("trace=True keeps every step's tree and rows on the host: use step='host' for traces")
-        new = self.device_generate(seq, max_new_tokens, sampling, draft_temperature, seed, eos, emit, stats)
+        new = self.device_generate(seq, max_new_tokens, sampling, draft_temperature, seed, eos, emit, stats, trace)
         end(); stats.seconds = time.perf_counter() - t_start
         return GenerationOutput(torch.tensor(new, dtype=torch.long), stats)
     head = is_head(self.draft)
@@ -503,7 +497,7 @@ def _device_probe(self: SpecDecoder, seq, room, **step_kw):
     numbers are its own: a seeded call decodes as it would without it."""
     rates, steps = {}, {}
     for b, d in self.device_settings:
-        D = d or _device_shape(self.method, b, self.options, _vocab_size(self.target))[2]
+        D = d or _device_shape(self.method, b, self.options, logits_size(self.target))[2]
         ds = _new_device_step(self, b, _capacity(max(room, len(seq) + (DEVICE_PROBE_STEPS + 1) * (D + 1) + b + 1)), d)   # room for the probe's tokens
         g = torch.Generator(device=ds.device).manual_seed(0)
         ds.start(seq); ds.step(generator=g, **step_kw).tolist()
@@ -535,21 +529,30 @@ def _finish_read(buf):
     if event is not None: event.synchronize()
     return host.tolist()
 
-def _device_generate(self: SpecDecoder, seq, max_new_tokens, sampling, draft_temperature, seed, eos, emit, stats):
+def _device_trace(ds, root, k, out, sampling):
+    "The `StepTrace` of the step `ds` has just run (a `DeviceStep` or `DevicePlain`: its tree, rows and path read back), `k` tokens emitted of which `out` kept, `root` its root token."
+    if not hasattr(ds, 'last_tree'): tree, q = TokenTree([root], [-1]), None   # plain decoding: the root alone
+    else: tree, q = ds.last_tree.to_host()                                     # [n] nodes, q [n, V]
+    p = sampling_probs(ds.last_logits[:tree.n].float().cpu(), **sampling)     # [n, V]
+    return _trace(tree, torch.zeros_like(p) if q is None else q.float(), p, ds.last_path[1:k].tolist() if q is not None else [], out)
+
+def _device_generate(self: SpecDecoder, seq, max_new_tokens, sampling, draft_temperature, seed, eos, emit, stats, trace=False):
     """`generate`'s loop for step='device': one `DeviceStep.step` and one read back to the host per step; the new tokens (a
     list). With `read_late` (on CUDA) each step is read after the next one is queued, so that the GPU runs a step while
-    the host reads and streams the one before; the step queued past the last is dropped."""
+    the host reads and streams the one before; the step queued past the last is dropped. With `trace`, each step's tree,
+    rows and path are read back too (`_device_trace`), each step read at once."""
     draws = self.options.get('draws')
     if draft_temperature == 0:                                                  # as the host step: top draws, estimated at the default temperature
         if draws == 'sample': raise ValueError("draws='sample' draws from the draft's rows, and at draft_temperature=0 a row holds one token: give a draft temperature above 0, or draws='top'")
         draws, draft_temperature = 'top', DRAFT_TEMPERATURE
     plain = self.method == 'autoregressive'                                     # DevicePlain: no tree, no draft
     ctx = min(_context(self.target), _context(self.draft))
-    D = 0 if plain else max(d or _device_shape(self.method, b, self.options, _vocab_size(self.target))[2] for b, d in (self.device_settings if self.auto else ((self.budget, None),)))
+    D = 0 if plain else max(d or _device_shape(self.method, b, self.options, logits_size(self.target))[2] for b, d in (self.device_settings if self.auto else ((self.budget, None),)))
     budget = 0 if plain else self.budget
-    if len(seq) + max_new_tokens + D > ctx:
-        raise ValueError(f"the prompt ({len(seq)} tokens), max_new_tokens ({max_new_tokens}) and a tree {D} deep exceed the context of {ctx} positions")
-    late = self.read_late and len(seq) + max_new_tokens + 2 * (D + 1) + budget + 1 <= ctx   # room for the step queued past the end
+    # no context check for the tree here (generate checks the prompt and max_new_tokens): near the end of the context a
+    # tree's deeper nodes sit past it, and the lean models' rotary positions compute them, but every token emitted lies
+    # inside the context and is decided by rows of nodes inside it; the rest are cut at max_new_tokens
+    late = self.read_late and not trace and len(seq) + max_new_tokens + 2 * (D + 1) + budget + 1 <= ctx   # room for the step queued past the end
     room = len(seq) + max_new_tokens + budget + 1 + ((D + 1) + budget + 1 if late else 0)
     if self.auto and not self.choosing and self.device_budget is None: self.device_probe(seq, room, draws=draws, draft_temperature=draft_temperature, **sampling)   # the first call measures
     ds = self.device_step(room)
@@ -574,9 +577,11 @@ def _device_generate(self: SpecDecoder, seq, max_new_tokens, sampling, draft_tem
                 k, n, depth, *toks = step().tolist()                            # the step's one read
                 if self.choosing: self.count_setting(greedy, setting, k, time.perf_counter() - t0)
             out = _until_eos(toks[:k], eos, max_new_tokens - len(new))
+            root = new[-1] if new else seq[-1]
             new += out
             stats.records.append(StepRecord(tree_size=n, depth=depth, accepted=min(k - 1, len(out)), emitted=len(out),
-                                            device=time.perf_counter() - t0, draft_calls=ds.D if ds.D == 0 else ds.shape_of(setting)[3]))
+                                            device=time.perf_counter() - t0, draft_calls=ds.D if ds.D == 0 else ds.shape_of(setting)[3],
+                                            trace=_device_trace(ds, root, k, out, sampling) if trace else None))
             emit(out)
             if out[-1] in eos: break
     return new

@@ -96,10 +96,11 @@ def fill_step(buf, ids, positions, mask, P):
 
 # %% ../nbs/api/06e_static.ipynb #1fb801ad
 @torch.no_grad()
-def static_forward(model, cache, buf):
+def static_forward(model, cache, buf, rows=None):
     """The padded forward on a bucket's buffers `buf` (ids, pos, slots LongTensor[B]; mask [1, 1, B, C]): keys and values
     written at the slots, attention over the cache's whole capacity C. `(logits [B, V], the states of the cache's hidden
-    layers [B, len(hidden) * H] or None)`, on the model's device and in its dtype."""
+    layers [B, len(hidden) * H] or None)`, on the model's device and in its dtype; with `rows` (LongTensor[r] on the
+    device) the logits of those rows only, [r, V] (the output layer is most of a small model's products)."""
     m = model.model
     x = m.embed_tokens(buf['ids'][None])                                       # [1, B, H]
     cos, sin = m.rotary_emb(x, buf['pos'][None])                               # [1, B, d] each
@@ -107,7 +108,7 @@ def static_forward(model, cache, buf):
         cache.k[l].index_copy_(1, buf['slots'], k); cache.v[l].index_copy_(1, buf['slots'], v)
         return cache.k[l, None], cache.v[l, None]                              # [1, nkv, C, d]: every slot, under the mask
     x, states = lean_layers(model, cache.weights, x, cos, sin, buf['mask'], kv, bool(cache.hidden))
-    return output_logits(model, x[0]), (layer_states(states, cache.hidden)[0] if cache.hidden else None)
+    return output_logits(model, x[0] if rows is None else x[0, rows]), (layer_states(states, cache.hidden)[0] if cache.hidden else None)
 
 class StaticCache(LeanCache):
     "A `LeanCache` of fixed `capacity` whose forwards of up to max(`buckets`) tokens run padded to a bucket on buffers kept per bucket; with `graphs` (default: on CUDA) each bucket's forward is a CUDA graph, with 'emulate' an eager forward returning its outputs as a graph does."

@@ -106,11 +106,12 @@ def _():
     s = S['float32']; target, head = s['target'], s['head']
     refs = [hf_generate(target, p, NEW)[0] for p in s['prompts']]; s['refs'] = refs
     res = {}
-    for method, b in (('dyspec', 8), ('chain', 4), ('eagle2', 16)):
-        dec = SpecDecoder(target, head, method, budget=b, step='device')
+    for method, b, draft in (('dyspec', 8, 'head'), ('chain', 4, 'head'), ('eagle2', 16, 'head'), ('dyspec', 8, 'token'), ('sequoia', 8, 'token')):
+        dec = SpecDecoder(target, s[draft], method, budget=b, step='device')   # the head, and the token draft (07e)
+        name = f'{method} b{b}' + (', token draft' if draft == 'token' else '')
         t = time.time(); outs = [dec.generate(p, max_new_tokens=NEW) for p in s['prompts']]
-        res[f'{method} b{b}: identical to target.generate'] = [o.tokens.tolist() == r for o, r in zip(outs, refs)]
-        res[f'{method} b{b}: first calls, s (capture included)'] = time.time() - t
+        res[f'{name}: identical to target.generate'] = [o.tokens.tolist() == r for o, r in zip(outs, refs)]
+        res[f'{name}: first calls, s (capture included)'] = time.time() - t
     p = s['prompts'][0]
     for label, dec in (('device dyspec b8', SpecDecoder(target, head, 'dyspec', budget=8, step='device')),
                        ('host dyspec b8, static', SpecDecoder(target, head, 'dyspec', budget=8, static=True)),

@@ -2,7 +2,7 @@
 # 08_engine renders the record and checks that `step='auto'` takes, on every CPU measured, the step that was faster there.
 # One interleaved run of the embedded pair (float32) on MT-Bench prompts, greedy and at T = 0.6: `target.generate`, the
 # decoder's default setting (DySpec, budget='auto') on the host step and on the device step (off CUDA its setting chosen
-# step by step), and plain decoding on each step. From the project root, on the machine to record (a run on another CPU adds its entry):
+# step by step), with the feature head and with the token draft, and plain decoding on each step. From the project root, on the machine to record (a run on another CPU adds its entry):
 #     python nbs/experiments/step_choice.py            # PROMPTS=8 NEW=64; OUT=dir writes the record there instead of results/
 import os, sys, json, time
 from pathlib import Path
@@ -16,11 +16,13 @@ from dyspec_nb.cost import cpu_name, machine_fingerprint
 
 PROMPTS, NEW = int(os.environ.get('PROMPTS', 8)), int(os.environ.get('NEW', 64))
 target, head, tok = load_default_pair()
+token = load_default_pair('token')[1]
 prompts = mtbench_prompts(tok, PROMPTS)
 entry = dict(date=time.strftime('%Y-%m-%d'), machine=machine_fingerprint(), prompts=PROMPTS, new_tokens=NEW, temperatures={})
 for T in (0.0, 0.6):
     decs = {'host default': SpecDecoder(target, head, step='host'), 'device default': SpecDecoder(target, head, step='device'),
-            'host autoregressive': SpecDecoder(target, None, 'autoregressive'),
+            'host default, token draft': SpecDecoder(target, token, step='host'), 'device default, token draft': SpecDecoder(target, token, step='device'),
+            'host autoregressive': SpecDecoder(target, None, 'autoregressive', step='host'),
             'device autoregressive': SpecDecoder(target, None, 'autoregressive', step='device')}
     runs = {'target.generate': lambda p, i: hf_generate(target, p, NEW, temperature=T, seed=i)[0]}
     for k, d in decs.items(): runs[k] = lambda p, i, d=d: d.generate(p, max_new_tokens=NEW, temperature=T, seed=i).tokens.tolist()
