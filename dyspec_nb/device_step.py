@@ -391,7 +391,7 @@ class DeviceStep:
         self.graphs = graph_mode(graphs, self.device, 'target')
         self._run = step_runner(self.run, compile)                                   # the step itself, or inductor's
         self.tcache = StaticCache(target, capacity, buckets=tuple(sorted({s[0] for s in self.shapes.values()})), hidden=draft.config.layers if self.features else None, graphs=False)
-        C = capacity + self.D + self.M + 1                                           # the draft's cache: the text, then last step's path and the pool
+        self.C = C = capacity + self.D + self.M + 1                                  # the draft's cache: the text, then last step's path and the pool
         self.dcache = StaticHeadCache(draft, C, graphs=False) if self.features else StaticCache(draft, C, buckets=(1,), graphs=False)
         self.weights = head_weights(draft) if self.features else None                # the head's products, taken once
         dev = self.device
@@ -421,7 +421,7 @@ class DeviceStep:
                 feats = f.to(dev, draft.dtype)
                 self.tfeat[0] = feats[-1]
             if L > 2:                                                                # the head reads positions 1..L-2 as text
-                pos, cols = torch.arange(1, L - 1, device=dev), torch.arange(self.dcache.K.shape[2], device=dev)
+                pos, cols = torch.arange(1, L - 1, device=dev), torch.arange(self.C, device=dev)
                 self._draft(torch.tensor(prompt[1:-1], device=dev), pos, (cols[None] >= 1) & (cols[None] <= pos[:, None]), draft.fuse(feats[:L - 2]))
             self.text_from.fill_(1 if L > 1 else 0)                                  # position 0 has no feature before it
         self.r.fill_(L - 1); self.k.fill_(1); self.thr.fill_(min(1.0, 2.0 / self.budget))   # dyspec_adaptive: each call starts afresh, as on the host
@@ -480,7 +480,7 @@ class DeviceStep:
         draft, dev, L = self.draft, self.device, self.D                             # L: the layout's depth, at least the setting's D
         N, W, K, D, M, threshold = self.shape_of(setting)
         budget = N - 1
-        C = self.dcache.k.shape[2] if not self.features else self.dcache.K.shape[2]; cols = torch.arange(C, device=dev)
+        C = self.C; cols = torch.arange(C, device=dev)
         r, k = self.r.clone(), self.k.clone()                                        # [1] each: the state is updated in place at the end
         gfeat = torch.zeros(M + 1, draft.config.hidden_size, device=dev, dtype=draft.dtype) if self.features else None   # [M + 1, H]: a head's output feature per candidate
         text = (cols >= self.text_from) & (cols <= r)                                # [C]: the text and the root, seen by every tree node
