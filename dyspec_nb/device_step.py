@@ -356,7 +356,7 @@ def step_runner(run, compile):
     return call
 
 class DeviceStep:
-    """Speculative decoding of a Llama or Qwen2 `target` with a `draft` of its vocabulary, a feature head or a token
+    """Speculative decoding of a Llama, Qwen2 or Gemma-3 `target` with a `draft` of its vocabulary, a feature head or a token
     draft (a causal LM the lean forward runs), the whole step in tensor code on the target's device: the draft's calls, the tree (`frontier_tree`, or `shape_tree` for a fixed shape), the
     verification forward, the verifier and the compaction of the target's cache, on fixed shapes, with the lengths kept
     in tensors updated in place. `step()` returns one small tensor, the step's only read back to the host. With `graphs` (default: on CUDA) each setting's
@@ -515,6 +515,7 @@ class DeviceStep:
         else: path, toks, n = sample_verify(tree, sampling_probs(logits.float(), temperature, top_p, top_k), u, K, L)
         src, dst = r + path.clamp(min=0), r + torch.arange(L + 1, device=dev)        # the accepted path moves to the cache's end
         for t in (self.tcache.k, self.tcache.v): t[:, :, dst] = t[:, :, src]
+        if self.tcache.pos is not None: self.tcache.pos[dst] = self.tcache.pos[src]   # a sliding window's positions move with them
         if self.features: self.tfeat.copy_(states[path.clamp(min=0)])
         self.emitted.copy_(toks); self.k.copy_(n[None]); self.r.add_(n)
         self.last_tree, self.last_logits, self.last_path = tree, logits, path      # what a trace reads back, after the step
@@ -522,7 +523,7 @@ class DeviceStep:
 
 # %% ../nbs/api/07e_device_step.ipynb #d3a1c0df
 class DevicePlain:
-    """Plain decoding of a Llama or Qwen2 `target`, each step in tensor code on its device: one token's forward on a
+    """Plain decoding of a `target` the lean forward runs, each step in tensor code on its device: one token's forward on a
     static cache, the token taken there, the cache's length kept in a tensor. `step()` returns `DeviceStep.step`'s layout
     for one token, its only read back to the host; with `graphs` (default: on CUDA) each setting is one CUDA graph, and
     with `compile` the step is inductor's (`step_runner`)."""

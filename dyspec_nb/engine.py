@@ -19,7 +19,7 @@ from .builders import BUILDERS, COST_AWARE, DRAWS, MAX_BUDGET, TOP_DRAWS, run_op
 from .verify import sampling_probs, verify_path, as_count
 from .tree_attention import tree_mask, register_tree_attention, kernel_verified, kernel_pays
 from .small_linear import use_small_linear
-from .forward import DraftSession, additive_mask, forward, prefill, keep_positions, input_device, new_cache, lean_supported, logits_size, LEAN_MODELS
+from .forward import DraftSession, additive_mask, forward, prefill, keep_positions, input_device, new_cache, lean_supported, logits_size, window_layers, LEAN_MODELS
 from .static import StaticCache, BUCKETS
 from .cost import CostModel, cost_model, product_choice
 from .head import HeadSession, HeadCache, StaticHeadCache, is_head, check_head_target, unrolled_logits
@@ -97,9 +97,14 @@ class GenerationOutput:
     stats: GenerationStats
 
 # %% ../nbs/api/08_engine.ipynb #9721561c
-def _context(model):
-    "The positions `model` takes (no limit for no model, or one that does not say)."
-    return (model is not None and getattr(model.config, 'max_position_embeddings', None)) or 1 << 30
+def _context(model, lean=True):
+    """The positions `model` takes (no limit for no model, or one that does not say). On its own forward (`lean` False, or
+    a model the lean forward does not run) a model with a sliding window takes only the window's: past it, its own forward
+    would attend beyond the window under the engine's masks (`forward` refuses)."""
+    if model is None: return 1 << 30
+    n = getattr(model.config, 'max_position_embeddings', None) or 1 << 30
+    W, layers = window_layers(model)
+    return min(n, W) if layers and not (lean and lean_supported(model)) else n
 
 def _eos_ids(model, eos_token_id):
     e = eos_token_id if eos_token_id is not None else model.generation_config.eos_token_id
@@ -381,9 +386,10 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
     n = as_count(max_new_tokens)
     if n is None or n < 1: raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     max_new_tokens = n
-    ctx = min(_context(self.target), _context(self.draft))
+    ctx = min(_context(self.target, self.lean), _context(self.draft, self.lean))
     if len(seq) + max_new_tokens > ctx:
-        raise ValueError(f"the prompt ({len(seq)} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the context of {ctx} positions")
+        why = " (a sliding window, which only the lean forward applies: lean=True)" if ctx < min(_context(self.target), _context(self.draft)) else ''
+        raise ValueError(f"the prompt ({len(seq)} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the context of {ctx} positions{why}")
     V = logits_size(self.target)
     if max(seq) >= V or min(seq) < 0: raise ValueError(f"prompt token ids must lie in [0, {V})")
     sampling = dict(temperature=temperature, top_p=top_p, top_k=top_k)

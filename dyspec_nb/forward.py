@@ -4,16 +4,17 @@
 
 # %% auto #0
 __all__ = ['NO_ROWS', 'LEAN_FAMILIES', 'LEAN_MODELS', 'layer_states', 'additive_mask', 'causal_mask', 'logits_size',
-           'input_device', 'forward', 'prefill', 'cache_len', 'keep_positions', 'crop_to', 'lean_supported', 'stacked',
-           'keep_in_place', 'LeanCache', 'new_cache', 'rope_turn', 'fold_mask', 'grouped_attention', 'lean_layers',
-           'output_logits', 'lean_forward', 'DraftSession']
+           'input_device', 'forward', 'prefill', 'cache_len', 'keep_positions', 'crop_to', 'window_layers',
+           'lean_supported', 'stacked', 'keep_in_place', 'LeanCache', 'new_cache', 'rope_turn', 'fold_mask',
+           'grouped_attention', 'rope_tables', 'window_masks', 'lean_layers', 'output_logits', 'lean_forward',
+           'DraftSession']
 
 # %% ../nbs/api/06b_forward.ipynb #940699dc
 import inspect, time, weakref
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache, LlamaForCausalLM, Qwen2ForCausalLM
+from transformers import DynamicCache, LlamaForCausalLM, Qwen2ForCausalLM, Gemma3ForCausalLM
 from .tree import random_tree
 from .verify import sampling_probs
 from .tree_attention import tree_mask
@@ -60,6 +61,10 @@ def forward(model, ids, positions,
             hidden=None):    # indices into the model's hidden_states: also return those layers' states, side by side
     "Logits (float32, CPU) of one cached forward, rows `keep` only if given: ids/positions LongTensor[q], mask [1, 1, q, k] or None (causal); with `hidden`, `(logits, FloatTensor[q, len(hidden) * H])`."
     if isinstance(cache, LeanCache): return cache.run(model, ids, positions, mask, keep, hidden)   # the same numbers, less overhead
+    W, layers = window_layers(model)
+    if layers and len(positions) and int(positions.max()) >= W:               # its own forward takes a 4D mask as it is, window or not
+        raise ValueError(f"this model attends through a sliding window of {W} positions in {len(layers)} of its layers, which its own forward "
+                         f"does not apply to a mask given to it: past position {W - 1} only the lean forward decodes it exactly, and that runs {LEAN_MODELS}")
     dev = input_device(model)
     kw = dict(input_ids=ids[None].to(dev), position_ids=positions[None].to(dev), attention_mask=None if mask is None else mask.to(dev),
               past_key_values=cache, use_cache=True)
@@ -101,15 +106,26 @@ def crop_to(cache, n):
     if extra > 0: cache.crop(-extra)
 
 # %% ../nbs/api/06b_forward.ipynb #dda68c6c
-LEAN_FAMILIES = (LlamaForCausalLM, Qwen2ForCausalLM)   # the decoder layers `lean_layers` runs: Llama's, and Qwen2's (Llama's with q, k, v biases)
-LEAN_MODELS = "a Llama or Qwen2 causal LM on SDPA attention, full attention in every layer"   # what `lean_supported` takes, in the words of a refusal
+LEAN_FAMILIES = (LlamaForCausalLM, Qwen2ForCausalLM, Gemma3ForCausalLM)   # the decoder layers `lean_layers` runs: Llama's, Qwen2's (Llama's with q, k, v biases) and Gemma-3's
+LEAN_MODELS = "a Llama, Qwen2 or Gemma-3 causal LM on SDPA attention (a sliding window only in Gemma-3's local layers)"   # what `lean_supported` takes, in the words of a refusal
+
+def window_layers(model):
+    """`(W, layers)`: the layers whose attention sees only keys fewer than W positions before the query, and W; `(None,
+    ())` where every layer attends to the whole text. Gemma-3's local layers have a window; so has every layer of a model
+    that sets `sliding_window` without layer types (Mistral, Phi-3), unless `use_sliding_window` is off (Qwen2's default)."""
+    c = model.config
+    W = getattr(c, 'sliding_window', None)
+    if not W or getattr(c, 'use_sliding_window', True) is False: return None, ()
+    kinds = getattr(c, 'layer_types', None)
+    layers = tuple(i for i, k in enumerate(kinds) if k == 'sliding_attention') if kinds else tuple(range(c.num_hidden_layers))
+    return (W, layers) if layers else (None, ())
 
 def lean_supported(model):
-    "Whether `lean_forward` runs `model`: a Llama or Qwen2 causal LM (or subclass) with full attention in every layer (no sliding window), on SDPA attention, not split over devices."
+    "Whether `lean_forward` runs `model`: a Llama or Qwen2 causal LM (or subclass) with full attention in every layer, or a Gemma-3 text model (its local layers' window applied), on SDPA attention, not split over devices."
     if not isinstance(model, LEAN_FAMILIES): return False
-    c = model.config
-    return (c._attn_implementation == 'sdpa' and not getattr(c, 'use_sliding_window', False)
-            and all(t == 'full_attention' for t in getattr(c, 'layer_types', None) or ())
+    c, gemma = model.config, isinstance(model, Gemma3ForCausalLM)
+    return (c._attn_implementation == 'sdpa' and (gemma or not window_layers(model)[1])
+            and not (gemma and (c.attn_logit_softcapping or c.use_bidirectional_attention))   # neither is SDPA's: the model's own forward
             and not getattr(model, 'hf_device_map', None) and model.model.embed_tokens.weight.device.type != 'meta')
 
 _STACKS = weakref.WeakKeyDictionary()        # owner -> {name: (the weights' identities and versions, stacked weight, stacked bias)}
@@ -143,13 +159,16 @@ def keep_in_place(caches, n, idx):
     return len(idx)
 
 class LeanCache:
-    "A preallocated KV cache of one model for `lean_forward`: keys and values [layers, kv_heads, capacity, head_dim], positions 0..n-1 valid."
+    """A preallocated KV cache of one model for `lean_forward`: keys and values [layers, kv_heads, capacity, head_dim],
+    slots 0..n-1 valid; for a model with a sliding window (`window_layers`) also each slot's position, `pos`
+    LongTensor[capacity] (a tree's nodes sit at their depth, not at their slot), which the window is measured in."""
     def __init__(self, model, capacity=256):
         self.model, self.weights = model, _stacked(model)         # the stacked weights, checked once per cache, not per forward
         c = model.config
         self.shape = (c.num_hidden_layers, c.num_key_value_heads, getattr(c, 'head_dim', None) or c.hidden_size // c.num_attention_heads)
         self.dtype, self.device, self.n = model.dtype, input_device(model), 0
-        self.k = self.v = None
+        self.windowed = bool(window_layers(model)[1])
+        self.k = self.v = self.pos = None
         self.reserve(capacity)
 
     def reserve(self, total):
@@ -159,8 +178,11 @@ class LeanCache:
         L, H, d = self.shape
         k = torch.empty(L, H, cap, d, dtype=self.dtype, device=self.device)   # [layers, kv_heads, capacity, head_dim]
         v = torch.empty_like(k)
-        if self.n: k[:, :, :self.n], v[:, :, :self.n] = self.k[:, :, :self.n], self.v[:, :, :self.n]
-        self.k, self.v = k, v
+        pos = torch.zeros(cap, dtype=torch.long, device=self.device) if self.windowed else None   # [capacity]
+        if self.n:
+            k[:, :, :self.n], v[:, :, :self.n] = self.k[:, :, :self.n], self.v[:, :, :self.n]
+            if pos is not None: pos[:self.n] = self.pos[:self.n]
+        self.k, self.v, self.pos = k, v, pos
 
     def get_seq_length(self, layer_idx=0): return self.n
 
@@ -174,7 +196,9 @@ class LeanCache:
 
     def keep(self, idx):
         "Keep only positions `idx` (LongTensor), in that order: copies only from the first position that moves on."
-        self.n = keep_in_place((self.k, self.v), self.n, idx)
+        n = keep_in_place((self.k, self.v), self.n, idx)
+        if self.pos is not None: self.pos[:n] = self.pos[idx.to(self.device)]
+        self.n = n
 
 def new_cache(model, lean=True, capacity=256):
     "An empty KV cache for `model`: a `LeanCache` with room for `capacity` positions if `lean` and `lean_supported(model)`, else a transformers `DynamicCache`."
@@ -205,64 +229,105 @@ def grouped_attention(q, K, V, fmask, scale=None, causal=False):
     a = F.scaled_dot_product_attention(q.reshape(B, hk, h // hk * T, d), K, V, attn_mask=fmask, scale=scale)   # [B, h_kv, (h / h_kv) T, d]
     return a.reshape(B, h, T, d)                                               # a copy where SDPA's output is strided (CUDA's memory-efficient kernel)
 
+def rope_tables(model, x, positions):
+    """Per layer, the rotary tables `(cos, sin)` [1, q, d] of positions [1, q] as the model's own forward computes them:
+    one pair that every layer shares, or Gemma-3's two (its local and global layers turn at different rates)."""
+    m = model.model
+    if not isinstance(model, Gemma3ForCausalLM): return [m.rotary_emb(x, positions)] * len(m.layers)
+    kinds = model.config.layer_types
+    tables = {k: m.rotary_emb(x, positions, k) for k in set(kinds)}
+    return [tables[k] for k in kinds]
+
+def window_masks(model, mask, qpos, kpos):
+    """Per layer, the additive mask [1, 1, q, S] it attends under: `mask` in a layer of full attention; in one with a
+    sliding window of W positions (`window_layers`) the same with every key W or more positions before its query left
+    out (qpos LongTensor[q] the queries' positions, kpos LongTensor[S] the keys', as transformers' sliding-window mask
+    leaves them out along a text). `mask` None is a prefill into an empty cache (S = q, SDPA's causal path): None too,
+    unless the prompt is longer than the window, whose layers then get the causal mask with the window in it."""
+    W, layers = window_layers(model)
+    out = [mask] * model.config.num_hidden_layers
+    if not layers or (mask is None and len(qpos) <= W): return out
+    far = qpos[:, None] - kpos[None, :] >= W                                   # [q, S]
+    base = causal_mask(len(qpos), len(kpos), model.dtype).to(far.device) if mask is None else mask
+    win = base.masked_fill(far, torch.finfo(base.dtype).min)                   # [1, 1, q, S]
+    for l in layers: out[l] = win
+    return out
+
 @torch.no_grad()
-def lean_layers(model, weights, x, cos, sin, mask, kv, hidden=False, causal=False):
-    """The decoder layers of a Llama or Qwen2 `model` on x [1, q, H], as its own forward runs them: `weights` the
-    stacked products (`LeanCache.weights`), cos and sin [1, q, d] the rotary tables, mask [1, 1, q, S], or with `causal`
-    None (an empty cache, S = q: `grouped_attention`'s causal path); `kv(l, k, v)` stores layer l's new keys and values
-    ([kv_heads, q, d] each) and returns what attention reads ([1, kv_heads, S, d] each). `(the normed output [1, q, H],
-    the states after the embedding and each layer, the last normed)`: with `hidden` True all of them, with layer indices
-    only those (None for the others: a long prompt's states are kept only where read), else only the embedding's."""
+def lean_layers(model, weights, x, rope, masks, kv, hidden=False):
+    """The decoder layers of a Llama, Qwen2 or Gemma-3 `model` on x [1, q, H], as its own forward runs them: `weights`
+    the stacked products (`LeanCache.weights`), `rope` each layer's rotary tables (`rope_tables`), `masks` each layer's
+    mask [1, 1, q, S] (`window_masks`), None for a prefill into an empty cache (S = q: `grouped_attention`'s causal
+    path); `kv(l, k, v)` stores layer l's new keys and values ([kv_heads, q, d] each) and returns what attention reads
+    ([1, kv_heads, S, d] each). Gemma-3's layers norm the queries and keys per head, and norm the attention's and the
+    MLP's outputs before adding them. `(the normed output [1, q, H], the states after the embedding and each layer, the
+    last normed)`: with `hidden` True all of them, with layer indices only those (None for the others: a long prompt's
+    states are kept only where read), else only the embedding's."""
     m, c = model.model, model.config
     nh, nkv = c.num_attention_heads, c.num_key_value_heads
     d = getattr(c, 'head_dim', None) or c.hidden_size // nh
-    q = x.shape[1]
+    q, gemma = x.shape[1], isinstance(model, Gemma3ForCausalLM)
     lin = linear_product(m.layers[0].mlp.gate_proj)[0]                         # the product the model's own layers run now
-    fmask = fold_mask(mask, nh // nkv)                                         # [1, 1, (nh / nkv) q, S]: once for all layers
+    folded = {id(mk): fold_mask(mk, nh // nkv) for mk in masks}                # [1, 1, (nh / nkv) q, S]: once per distinct mask
     L = len(m.layers)
     want = range(L + 1) if hidden is True else {l % (L + 1) for l in hidden} if hidden else ()   # which states are kept
     states = [x]
     for l, (layer, (w_qkv, b_qkv, w_gu, b_gu)) in enumerate(zip(m.layers, weights)):
         att, mlp = layer.self_attn, layer.mlp
+        cos, sin = rope[l]
         qkv = lin(layer.input_layernorm(x), w_qkv, b_qkv)                      # [1, q, (nh + 2 nkv) d]
-        qk = rope_turn(qkv[..., :(nh + nkv) * d].view(1, q, nh + nkv, d), cos[:, :, None], sin[:, :, None])   # [1, q, nh + nkv, d]: both turned at once
+        qk = qkv[..., :(nh + nkv) * d].view(1, q, nh + nkv, d)                 # [1, q, nh + nkv, d]
+        if gemma: qk = torch.cat([att.q_norm(qk[:, :, :nh]), att.k_norm(qk[:, :, nh:])], 2)   # each head normed
+        qk = rope_turn(qk, cos[:, :, None], sin[:, :, None])                   # query and key heads turned at once
         qs, ks = qk[:, :, :nh].transpose(1, 2), qk[:, :, nh:].transpose(1, 2)  # [1, nh, q, d], [1, nkv, q, d]
         vs = qkv[..., (nh + nkv) * d:].view(1, q, nkv, d).transpose(1, 2)      # [1, nkv, q, d]
         K, V = kv(l, ks[0], vs[0])                                             # [1, nkv, S, d] each
-        a = grouped_attention(qs, K, V, fmask, att.scaling, causal).transpose(1, 2).reshape(1, q, nh * d)   # [1, q, nh d]
-        x = x + att.o_proj(a)
-        g, u = lin(layer.post_attention_layernorm(x), w_gu, b_gu).chunk(2, -1)  # [1, q, I] each
-        x = x + mlp.down_proj(mlp.act_fn(g) * u)
+        a = grouped_attention(qs, K, V, folded[id(masks[l])], att.scaling, masks[l] is None).transpose(1, 2).reshape(1, q, nh * d)   # [1, q, nh d]
+        if gemma:
+            x = x + layer.post_attention_layernorm(att.o_proj(a))
+            g, u = lin(layer.pre_feedforward_layernorm(x), w_gu, b_gu).chunk(2, -1)   # [1, q, I] each
+            x = x + layer.post_feedforward_layernorm(mlp.down_proj(mlp.act_fn(g) * u))
+        else:
+            x = x + att.o_proj(a)
+            g, u = lin(layer.post_attention_layernorm(x), w_gu, b_gu).chunk(2, -1)  # [1, q, I] each
+            x = x + mlp.down_proj(mlp.act_fn(g) * u)
         if hidden: states.append(x if l + 1 in want else None)
     x = m.norm(x)                                                              # [1, q, H]; hidden_states[-1] is the normed state
     if hidden: states[-1] = x if L in want else None
     return x, states
 
 def output_logits(model, h):
-    "The logits of final states h [..., H]: the output layer, or a draft's reduced head scattered to the full vocabulary."
-    return model.full_logits(model.reduced_logits(h)) if hasattr(model, 'reduced_logits') else model.lm_head(h)
+    "The logits of final states h [..., H]: the output layer (capped as the model caps them, Gemma's `final_logit_softcapping`), or a draft's reduced head scattered to the full vocabulary."
+    if hasattr(model, 'reduced_logits'): return model.full_logits(model.reduced_logits(h))
+    logits, cap = model.lm_head(h), getattr(model.config, 'final_logit_softcapping', None)
+    return logits if not cap else torch.tanh(logits / cap) * cap
 
 @torch.no_grad()
 def lean_forward(model, ids, positions, mask, cache, keep=None, hidden=None):
-    """`forward` of a Llama or Qwen2 `model` on a `LeanCache`, bit for bit the model's own: logits (float32, CPU), and
-    with `hidden` those layers' states. `mask` None is a causal chain after the cached keys: into an empty cache SDPA's
-    own causal attention (no mask built, as the model's own forward without a mask), else `causal_mask`."""
+    """`forward` of a Llama, Qwen2 or Gemma-3 `model` on a `LeanCache`, bit for bit the model's own: logits (float32,
+    CPU), and with `hidden` those layers' states. `mask` None is a causal chain after the cached keys: into an empty
+    cache SDPA's own causal attention (no mask built, as the model's own forward without a mask, where no window cuts
+    it), else `causal_mask`."""
     if cache.model is not model: raise ValueError(f"this LeanCache was made for another model ({type(cache.model).__name__})")
     dev, q, P = cache.device, len(ids), cache.n
     cache.reserve(P + q)
     m = model.model
     x = m.embed_tokens(ids[None].to(dev))                                      # [1, q, H]
-    cos, sin = m.rotary_emb(x, positions[None].to(dev))                        # [1, q, d] each
+    positions = positions.to(dev)
+    rope = rope_tables(model, x, positions[None])                              # per layer, [1, q, d] each
     def kv(l, k, v):                                                           # written at n..n+q-1, attention reads [:n+q]
         cache.k[l, :, P:P + q], cache.v[l, :, P:P + q] = k, v
         return cache.k[l, None, :, :P + q], cache.v[l, None, :, :P + q]
     causal = mask is None and P == 0                                           # a prefill: no mask at all
     if mask is None and not causal: mask = causal_mask(q, P + q, model.dtype)  # a chain after cached keys: [1, 1, q, P + q]
-    x, states = lean_layers(model, cache.weights, x, cos, sin, None if causal else mask.to(dev), kv, hidden, causal)   # mask: [1, 1, q, P + q]
+    if cache.pos is not None: cache.pos[P:P + q] = positions
+    masks = window_masks(model, None if causal else mask.to(dev), positions, cache.pos[:P + q] if cache.pos is not None else None)   # mask: [1, 1, q, P + q]
+    x, states = lean_layers(model, cache.weights, x, rope, masks, kv, hidden)
     cache.n = P + q
     logits = output_logits(model, x[0] if keep is None else x[0, keep.to(dev)])
     if not hidden: return logits.float().cpu()
     return logits.float().cpu(), layer_states(states, hidden)[0].float().cpu()
+
 
 # %% ../nbs/api/06b_forward.ipynb #4d671806
 class DraftSession:

@@ -16,7 +16,7 @@ import atexit, contextlib, copy, errno, fcntl, hashlib, json, math, mmap, re, st
 from functools import lru_cache
 from pathlib import Path
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Gemma3TextConfig, Gemma3ForCausalLM
 from transformers.utils import logging as hf_logging
 from safetensors import SafetensorError
 from .draft import load_draft
@@ -549,19 +549,30 @@ def load_pair(target=None, draft=None, device=None, dtype=None, need_draft=True)
     return t, d, tok
 
 # %% ../nbs/api/05_models.ipynb #d3a3b03b
-def tiny_llama(vocab_size=16, hidden_size=32, layers=2, heads=4, kv_heads=2, seed=0, max_position_embeddings=512, family='llama'):
-    "A randomly initialised `LlamaForCausalLM` in fp32, eval mode, or with `family='qwen2'` a `Qwen2ForCausalLM` (Llama's layers with biases on the query, key and value projections); the same seed gives the same weights."
-    if family not in ('llama', 'qwen2'): raise ValueError(f"family must be 'llama' or 'qwen2', got {family!r}")
-    cfg = (LlamaConfig if family == 'llama' else Qwen2Config)(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=layers,
-                      num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_position_embeddings,
-                      bos_token_id=0, eos_token_id=1, pad_token_id=1, tie_word_embeddings=False)
+def tiny_llama(vocab_size=16, hidden_size=32, layers=2, heads=4, kv_heads=2, seed=0, max_position_embeddings=512, family='llama',
+               sliding_window=8):   # family='gemma3': the local layers' window (every other layer, the first included)
+    """A randomly initialised `LlamaForCausalLM` in fp32, eval mode; with `family='qwen2'` a `Qwen2ForCausalLM` (Llama's
+    layers with biases on the query, key and value projections); with `family='gemma3'` a `Gemma3ForCausalLM` (normed
+    query and key heads, norms around the attention and the MLP, scaled embeddings, and local layers that see only the
+    last `sliding_window` positions, with their own rotary base). The same seed gives the same weights."""
+    if family not in ('llama', 'qwen2', 'gemma3'): raise ValueError(f"family must be 'llama', 'qwen2' or 'gemma3', got {family!r}")
+    shared = dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=layers,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_position_embeddings,
+                  bos_token_id=0, eos_token_id=1, pad_token_id=1, tie_word_embeddings=False)
+    if family == 'gemma3':
+        cfg, cls = Gemma3TextConfig(**shared, head_dim=hidden_size // heads, sliding_window=sliding_window, query_pre_attn_scalar=hidden_size // heads,
+                                    layer_types=['sliding_attention' if l % 2 == 0 else 'full_attention' for l in range(layers)]), Gemma3ForCausalLM
+    else: cfg, cls = (LlamaConfig, LlamaForCausalLM) if family == 'llama' else (Qwen2Config, Qwen2ForCausalLM)
+    if family != 'gemma3': cfg = cfg(**shared)
+    cfg._attn_implementation = 'sdpa'
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        m = (LlamaForCausalLM if family == 'llama' else Qwen2ForCausalLM)(cfg)
+        m = cls(cfg)
         with torch.no_grad():
             for p in m.parameters(): p.normal_(0, 0.5 if p.dim() > 1 else 0.1)   # peaky enough to be interesting
             for n_, p in m.named_parameters():
-                if 'norm' in n_: p.fill_(1.0)
+                if 'norm' in n_: p.fill_(0.0 if family == 'gemma3' else 1.0)   # Gemma's norms scale by 1 + weight
+                elif 'embed' in n_ and family == 'gemma3': p.div_(hidden_size ** 0.5)   # its embeddings are scaled by sqrt(H)
     return m.eval()
 
 # %% ../nbs/api/05_models.ipynb #4628f350

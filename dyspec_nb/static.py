@@ -9,7 +9,7 @@ __all__ = ['BUCKETS', 'GRAPH_MODES', 'bucket_for', 'replay', 'emulate_replay', '
 # %% ../nbs/api/06e_static.ipynb #2e3cae6a
 import warnings
 import torch
-from .forward import LeanCache, lean_forward, lean_layers, layer_states, output_logits, causal_mask
+from .forward import LeanCache, lean_forward, lean_layers, layer_states, output_logits, causal_mask, rope_tables, window_masks
 
 # %% ../nbs/api/06e_static.ipynb #acecea49
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)      # tree sizes in nodes, root included, that a static step is made for
@@ -101,13 +101,14 @@ def static_forward(model, cache, buf, rows=None):
     written at the slots, attention over the cache's whole capacity C. `(logits [B, V], the states of the cache's hidden
     layers [B, len(hidden) * H] or None)`, on the model's device and in its dtype; with `rows` (LongTensor[r] on the
     device) the logits of those rows only, [r, V] (the output layer is most of a small model's products)."""
-    m = model.model
-    x = m.embed_tokens(buf['ids'][None])                                       # [1, B, H]
-    cos, sin = m.rotary_emb(x, buf['pos'][None])                               # [1, B, d] each
+    x = model.model.embed_tokens(buf['ids'][None])                             # [1, B, H]
+    rope = rope_tables(model, x, buf['pos'][None])                             # per layer, [1, B, d] each
     def kv(l, k, v):                                                           # k, v: [nkv, B, d] into their slots
         cache.k[l].index_copy_(1, buf['slots'], k); cache.v[l].index_copy_(1, buf['slots'], v)
         return cache.k[l, None], cache.v[l, None]                              # [1, nkv, C, d]: every slot, under the mask
-    x, states = lean_layers(model, cache.weights, x, cos, sin, buf['mask'], kv, bool(cache.hidden))
+    if cache.pos is not None: cache.pos.index_copy_(0, buf['slots'], buf['pos'])   # a sliding window: the slots' positions
+    masks = window_masks(model, buf['mask'], buf['pos'], cache.pos)            # per layer, [1, 1, B, C]
+    x, states = lean_layers(model, cache.weights, x, rope, masks, kv, bool(cache.hidden))
     return output_logits(model, x[0] if rows is None else x[0, rows]), (layer_states(states, cache.hidden)[0] if cache.hidden else None)
 
 class StaticCache(LeanCache):
