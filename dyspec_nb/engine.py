@@ -132,8 +132,10 @@ CHOOSING_SETTINGS = ((1, None), (2, 1), (2, None), (4, 2), (8, 4), (16, 4), (32,
 CHOOSING_FIRST = 2                  # ... after this many steps of each, in order,
 CHOOSING_STOP = 0.75                # ... until one runs at under this share of the best rate before it
 
-def _device_refusal(target, draft, method, budget, auto, static, attention, options):
+def _device_refusal(target, draft, method, budget, auto, static, attention, options, lean=True, costs=None):
     "Why the device step cannot run this decoder's setting (a sentence), or None: it builds `DEVICE_METHODS` with a feature head or a lean token draft on a lean target, and decodes plainly (`DevicePlain`) on one."
+    if not lean: return "step='device' runs the lean forward: leave lean=True, or give step='host'"
+    if costs is not None: return "costs= is the host step's cost model; the device step's budget='auto' measures its own steps: give step='host'"
     if method not in DEVICE_METHODS + ('autoregressive',): return f"step='device' builds {', '.join(DEVICE_METHODS)} and decodes autoregressively, not {method!r}"
     if not lean_supported(target): return f"step='device' needs the lean forward: {LEAN_MODELS}, not this target"
     if method != 'autoregressive' and not (is_head(draft) or lean_supported(draft)): return f"step='device' drafts with a feature head (07c_head) or a token draft the lean forward runs: {LEAN_MODELS}"
@@ -149,12 +151,12 @@ def _device_refusal(target, draft, method, budget, auto, static, attention, opti
         except ValueError as e: return str(e)
     return None
 
-def _check_step(step, target, draft, method, budget, auto, static, attention, options):
+def _check_step(step, target, draft, method, budget, auto, static, attention, options, lean=True, costs=None):
     """`step`, checked with the rest of the decoder's arguments: 'host' or 'device' as asked ('device' refused with the
     reason where it cannot run), and for 'auto' the device step wherever the setting allows it, else the host step."""
     if step not in ('auto', 'host', 'device'): raise ValueError(f"step must be 'auto', 'host' or 'device', got {step!r}")
     if step == 'host': return step
-    why = _device_refusal(target, draft, method, budget, auto, static, attention, options)
+    why = _device_refusal(target, draft, method, budget, auto, static, attention, options, lean, costs)
     if step == 'device':
         if why: raise ValueError(why)
         return step
@@ -244,9 +246,7 @@ class SpecDecoder:
         if not isinstance(static, bool): raise ValueError(f"static must be True or False, got {static!r}")
         if static and not (lean and lean_supported(target)): raise ValueError(f"static=True needs the lean forward (lean=True): {LEAN_MODELS}, not this target")
         if static and attention == 'triton': raise ValueError("static=True verifies with the lean forward's attention, not attention='triton'")
-        if step == 'auto' and (costs is not None or not lean): step = 'host'  # a cost model given is the host step's, and so is a model's own forward
-        if step == 'device' and not lean: raise ValueError("step='device' runs the lean forward: leave lean=True, or give step='host'")
-        self.step = _check_step(step, target, draft, method, budget, auto, static, attention, options)
+        self.step = _check_step(step, target, draft, method, budget, auto, static, attention, options, lean, costs)   # a model's own forward, or a cost model given, is the host step's
         if not isinstance(compile, bool): raise ValueError(f"compile must be True or False, got {compile!r}")
         if compile and self.step != 'device': raise ValueError("compile=True compiles the device step, and this decoder runs the host step" + (" (step='auto' takes it where the device step cannot run the setting)" if step == 'auto' else '') + ": give step='device'")
         self.compile = compile
@@ -255,7 +255,6 @@ class SpecDecoder:
         self.auto = auto and method != 'autoregressive'
         self.choosing = False
         if self.auto and self.step == 'device':                             # measured on the first call (device_probe), not by the cost model
-            if costs is not None: raise ValueError("costs= is the host step's cost model; the device step's budget='auto' measures its own steps")
             self.choosing = input_device(target).type != 'cuda' and not compile   # off CUDA: a setting chosen step by step from the steps' own rates (`choose_setting`)
             self.device_settings = _device_settings(method, budget, options, logits_size(target), self.choosing)
             self.device_budget, self.device_depth, self.device_rates, self.costs = None, None, None, None
