@@ -380,7 +380,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'dyspec_nb.engine._new_device_step': ('api/engine.html#_new_device_step', 'dyspec_nb/engine.py'),
                                   'dyspec_nb.engine._read_buffers': ('api/engine.html#_read_buffers', 'dyspec_nb/engine.py'),
                                   'dyspec_nb.engine._start_read': ('api/engine.html#_start_read', 'dyspec_nb/engine.py'),
-                                  'dyspec_nb.engine._static_caches': ('api/engine.html#_static_caches', 'dyspec_nb/engine.py'),
                                   'dyspec_nb.engine._stream': ('api/engine.html#_stream', 'dyspec_nb/engine.py'),
                                   'dyspec_nb.engine._trace': ('api/engine.html#_trace', 'dyspec_nb/engine.py'),
                                   'dyspec_nb.engine._until_eos': ('api/engine.html#_until_eos', 'dyspec_nb/engine.py'),

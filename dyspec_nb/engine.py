@@ -132,14 +132,13 @@ CHOOSING_SETTINGS = ((1, None), (2, 1), (2, None), (4, 2), (8, 4), (16, 4), (32,
 CHOOSING_FIRST = 2                  # ... after this many steps of each, in order,
 CHOOSING_STOP = 0.75                # ... until one runs at under this share of the best rate before it
 
-def _device_refusal(target, draft, method, budget, auto, static, attention, options, lean=True, costs=None):
+def _device_refusal(target, draft, method, budget, auto, attention, options, lean=True, costs=None):
     "Why the device step cannot run this decoder's setting (a sentence), or None: it builds `DEVICE_METHODS` with a feature head or a lean token draft on a lean target, and decodes plainly (`DevicePlain`) on one."
     if not lean: return "step='device' runs the lean forward: leave lean=True, or give step='host'"
     if costs is not None: return "costs= is the host step's cost model; the device step's budget='auto' measures its own steps: give step='host'"
     if method not in DEVICE_METHODS + ('autoregressive',): return f"step='device' builds {', '.join(DEVICE_METHODS)} and decodes autoregressively, not {method!r}"
     if not lean_supported(target): return f"step='device' needs the lean forward: {LEAN_MODELS}, not this target"
     if method != 'autoregressive' and not (is_head(draft) or lean_supported(draft)): return f"step='device' drafts with a feature head (07c_head) or a token draft the lean forward runs: {LEAN_MODELS}"
-    if static: return "step='device' runs on fixed shapes already: leave static=False"
     if attention == 'triton': return "step='device' verifies with the lean forward's attention, not attention='triton'"
     if method == 'autoregressive': return None
     bad = sorted(set(options) - set(DEVICE_OPTIONS))
@@ -151,12 +150,12 @@ def _device_refusal(target, draft, method, budget, auto, static, attention, opti
         except ValueError as e: return str(e)
     return None
 
-def _check_step(step, target, draft, method, budget, auto, static, attention, options, lean=True, costs=None):
+def _check_step(step, target, draft, method, budget, auto, attention, options, lean=True, costs=None):
     """`step`, checked with the rest of the decoder's arguments: 'host' or 'device' as asked ('device' refused with the
     reason where it cannot run), and for 'auto' the device step wherever the setting allows it, else the host step."""
     if step not in ('auto', 'host', 'device'): raise ValueError(f"step must be 'auto', 'host' or 'device', got {step!r}")
     if step == 'host': return step
-    why = _device_refusal(target, draft, method, budget, auto, static, attention, options, lean, costs)
+    why = _device_refusal(target, draft, method, budget, auto, attention, options, lean, costs)
     if step == 'device':
         if why: raise ValueError(why)
         return step
@@ -203,7 +202,6 @@ class SpecDecoder:
                  lean=True,          # the lean forward on preallocated caches (06b_kv) where a model allows; False: its own forward
                  max_budget=None,    # budget='auto' only: the cap on draft tokens per step (default AUTO_CAP)
                  costs=None,         # budget='auto' only: a cost.CostModel (default: this machine's, cached; measured on first use)
-                 static=False,       # the target verifies, and the draft drafts, on fixed shapes (06e_static, 07c_head: padded to buckets; CUDA graphs on a GPU)
                  step='auto',        # 'host': trees built and verified on the host; 'device': the whole step in tensor code on the target's device (07e_device_step); 'auto': the device step where the setting allows, else the host step
                  compile=False,      # the device step only: compiled by inductor before its capture (07e's `step_runner`), on PyTorch's products; with budget='auto', only the setting the first call keeps
                  **options):         # `options` go to the builder
@@ -243,14 +241,11 @@ class SpecDecoder:
             raise ValueError(f"attention must be 'auto', 'triton' or 'default', got {attention!r}")
         self.target, self.draft, self.method, self.budget, self.options = target, draft, method, budget, options
         if not isinstance(lean, bool): raise ValueError(f"lean must be True or False, got {lean!r}")
-        if not isinstance(static, bool): raise ValueError(f"static must be True or False, got {static!r}")
-        if static and not (lean and lean_supported(target)): raise ValueError(f"static=True needs the lean forward (lean=True): {LEAN_MODELS}, not this target")
-        if static and attention == 'triton': raise ValueError("static=True verifies with the lean forward's attention, not attention='triton'")
-        self.step = _check_step(step, target, draft, method, budget, auto, static, attention, options, lean, costs)   # a model's own forward, or a cost model given, is the host step's
+        self.step = _check_step(step, target, draft, method, budget, auto, attention, options, lean, costs)   # a model's own forward, or a cost model given, is the host step's
         if not isinstance(compile, bool): raise ValueError(f"compile must be True or False, got {compile!r}")
         if compile and self.step != 'device': raise ValueError("compile=True compiles the device step, and this decoder runs the host step" + (" (step='auto' takes it where the device step cannot run the setting)" if step == 'auto' else '') + ": give step='device'")
         self.compile = compile
-        self.prefetch, self.small_linear, self.lean, self.static = prefetch, small_linear and not compile, lean, static   # compiled, the products are PyTorch's (`rows_linear`): no kernel choice to measure
+        self.prefetch, self.small_linear, self.lean = prefetch, small_linear and not compile, lean   # compiled, the products are PyTorch's (`rows_linear`): no kernel choice to measure
         if self.small_linear: product_choice(target, draft, lean=lean)        # kernel or PyTorch per weight shape, measured once per machine (06d_cost)
         self.auto = auto and method != 'autoregressive'
         self.choosing = False
@@ -262,7 +257,7 @@ class SpecDecoder:
         else:
             self.costs = (costs or cost_model(target, draft, small_linear, lean=lean)) if self.auto else None   # after the checks: may measure
             if self.auto: self.options = dict(options, costs=self.costs.step_costs(budget))
-        self.kernel = not static and self.step == 'host' and (attention == 'triton' or (attention == 'auto' and input_device(target).type == 'cuda' and kernel_verified() and kernel_pays()))
+        self.kernel = self.step == 'host' and (attention == 'triton' or (attention == 'auto' and input_device(target).type == 'cuda' and kernel_verified() and kernel_pays()))
         self.read_late = input_device(target).type == 'cuda'                # step='device': read each step after queuing the next (CUDA); a CPU runs a step before the next begins
         if self.kernel: register_tree_attention(target)     # the target verifies trees with the block-sparse kernel, in DFS order
 
@@ -276,25 +271,6 @@ def _budget_label(self: SpecDecoder):
     return f"auto (at most {self.budget})" if self.auto else str(self.budget)
 
 SpecDecoder.budget_label = property(_budget_label)
-
-def _static_caches(self: SpecDecoder, room):
-    """static=True: `(target cache, draft cache)`, emptied and kept from call to call (their buffers, and on CUDA their
-    captured graphs, with them); new ones of the next power of two >= `room` positions when they are too small. The
-    target's is a `StaticCache`; the draft's a `StaticHeadCache` for a head, a `StaticCache` for a draft the lean forward
-    runs, else a new cache of its own."""
-    head = is_head(self.draft)
-    t, d = getattr(self, '_static', (None, None))
-    if t is None or t.k.shape[2] < room:
-        cap = _capacity(room)
-        t = StaticCache(self.target, cap, hidden=self.draft.config.layers if head else None)
-        d = StaticHeadCache(self.draft, cap) if head else StaticCache(self.draft, cap) if self.draft is not None and lean_supported(self.draft) else None
-        self._static = (t, d)
-    t.n = 0
-    if head: d.reset()
-    elif d is not None: d.n = 0
-    return t, (d if d is not None else new_cache(self.draft, self.lean, room))
-
-SpecDecoder.static_caches = _static_caches
 
 # %% ../nbs/api/08_engine.ipynb #d524f46d
 @torch.no_grad()
@@ -412,8 +388,7 @@ def _generate(self: SpecDecoder, input_ids, max_new_tokens=128, temperature=0.0,
         return GenerationOutput(torch.tensor(new, dtype=torch.long), stats)
     head = is_head(self.draft)
     room = len(seq) + max_new_tokens + (self.budget if isinstance(self.budget, int) else 0) + 1   # the longest a cache can get
-    if self.static: tcache, dcache = self.static_caches(room + max(BUCKETS))                    # room for the largest bucket
-    else: tcache, dcache = new_cache(self.target, self.lean, room), (HeadCache(self.draft.config.hidden_size * len(self.draft.config.layers)) if head else new_cache(self.draft, self.lean, room))
+    tcache, dcache = new_cache(self.target, self.lean, room), (HeadCache(self.draft.config.hidden_size * len(self.draft.config.layers)) if head else new_cache(self.draft, self.lean, room))
     if len(seq) > 1:                                                          # target: everything but the root
         t0 = time.perf_counter()
         out = prefill(self.target, torch.tensor(seq[:-1]), tcache, keep=torch.tensor([len(seq) - 2]), hidden=self.draft.config.layers if head else None)

@@ -114,8 +114,8 @@ def _():
         res[f'{name}: first calls, s (capture included)'] = time.time() - t
     p = s['prompts'][0]
     for label, dec in (('device dyspec b8', SpecDecoder(target, head, 'dyspec', budget=8, step='device')),
-                       ('host dyspec b8, static', SpecDecoder(target, head, 'dyspec', budget=8, static=True)),
-                       ('host autoregressive, static', SpecDecoder(target, None, 'autoregressive', static=True))):
+                       ('host dyspec b8', SpecDecoder(target, head, 'dyspec', budget=8, step='host')),
+                       ('host autoregressive', SpecDecoder(target, None, 'autoregressive', step='host'))):
         dec.read_late = False                                                   # the read that synchronises, counted as before (a late read waits on an event)
         dec.generate(p, max_new_tokens=NEW)                                     # warm: graphs captured
         (a, na), (b_, nb) = count_syncs(lambda: dec.generate(p, max_new_tokens=NEW)), count_syncs(lambda: dec.generate(p, max_new_tokens=16))
@@ -152,11 +152,11 @@ def table(dt, extra=(), keep=None, compiled=False):
              'assisted (token draft)': lambda ids: (hf_generate(target, ids, NEW, assistant_model=token)[0], None)}
     calls.update(extra)
     def engine(dec): return lambda ids: (lambda o: (o.tokens.tolist(), o.stats))(dec.generate(ids, max_new_tokens=NEW))
-    calls['engine autoregressive, static'] = engine(SpecDecoder(target, None, 'autoregressive', static=True))
+    calls['engine autoregressive, host'] = engine(SpecDecoder(target, None, 'autoregressive', step='host'))
     calls['engine autoregressive, device'] = engine(SpecDecoder(target, None, 'autoregressive', step='device'))   # DevicePlain, read late
-    calls['dyspec default, static'] = engine(SpecDecoder(target, head, 'dyspec', budget='auto', static=True))
+    calls['dyspec default, host'] = engine(SpecDecoder(target, head, 'dyspec', budget='auto', step='host'))
     for m, b in (('dyspec', 8), ('chain', 4)):
-        calls[f'{m} b{b}, static'] = engine(SpecDecoder(target, head, m, budget=b, static=True))
+        calls[f'{m} b{b}, host'] = engine(SpecDecoder(target, head, m, budget=b, step='host'))
     for m, b, *o in DEVICE_SETTINGS:
         o = o[0] if o else {}
         calls[f"{m} b{b}{''.join(f' {k} {v}' for k, v in o.items())}, device"] = engine(SpecDecoder(target, head, m, budget=b, step='device', **o))
