@@ -413,6 +413,7 @@ class DeviceStep:
         self.D, self.M = max(s[3] for s in self.shapes.values()), max(s[4] for s in self.shapes.values())   # the layout: the deepest and the largest pool
         self.graphs = graph_mode(graphs, self.device, 'target')
         self._run = step_runner(self.run, compile)                                   # the step itself, or inductor's
+        self.sized = self.graphs is False and not compile                            # eager: a step may size its calls to the caller's `at`
         self.clock = PhaseClock(self.device.type == 'cpu' and not compile)           # the last step's split by phase (`clock.split`): a CPU's, uncompiled
         self.tcache = StaticCache(target, capacity, buckets=tuple(sorted({s[0] for s in self.shapes.values()})), hidden=draft.config.layers if self.features else None, graphs=False)
         self.C = C = capacity + self.D + self.M + 1                                  # the draft's cache: the text, then last step's path and the pool
@@ -454,10 +455,10 @@ class DeviceStep:
     def _draft(self, ids, pos, allowed, feats=None, slots=None, rows=None):
         """One draft call on q rows (ids, pos LongTensor[q]) written at `slots` (default: their positions), seeing `allowed`
         BoolTensor[q, C]: a head's output features [q, H] (it reads `feats` [q, H]), or a token draft's logits [q, V]
-        (with `rows`, LongTensor[r], of those rows only: [r, V])."""
+        (with `rows`, LongTensor[r] or a slice, of those rows only: [r, V])."""
         slots = pos if slots is None else slots
         if not self.features: return static_forward(self.draft, self.dcache, dict(ids=ids, pos=pos, slots=slots, mask=additive_mask(allowed, self.draft.dtype)), rows)[0]
-        self.dcache.slots = slots
+        self.dcache.slots, self.dcache.width = slots, allowed.shape[1]           # attention reads the slots the mask spans
         return lean_head_layer(self.draft, ids[None], pos[None], additive_mask(allowed, self.draft.dtype), self.dcache, feats[None], rope=self.dcache.rope,
                                weights=self.weights)[0]
 
@@ -494,21 +495,25 @@ class DeviceStep:
         if s is None: raise ValueError(f"this step runs the settings {sorted(self.shapes, key=str)}, not {setting!r}")
         return s
 
-    def step(self, temperature=0.0, top_p=1.0, top_k=0, draft_temperature=0.6, draws=None, generator=None, setting=None):
+    def step(self, temperature=0.0, top_p=1.0, top_k=0, draft_temperature=0.6, draws=None, generator=None, setting=None, at=None):
         """One decoding step at `setting` (one of `shapes`; default the step's own). LongTensor[D + 4] on the device, D the
         layout's (the deepest setting's): the tokens emitted (k), the tree's draft tokens, its depth, then the D + 1 emitted
         tokens padded with -1 (under graphs, the graph's own output: read it before the next step). The tree is kept as
         `last_tree`, with the target's logits of its slots `last_logits` [N, V] and the accepted path `last_path` [D + 1]
         (slots, the root first, padded with -1), for a trace to read. Every setting shares the state and the caches: the
-        next step may take another."""
+        next step may take another. `at`: `(r, k)`, the root's position and the tokens emitted last step as Python ints,
+        which a caller that reads every step knows (the prompt's length - 1 and 1 after `start`, then r + k and k of each
+        step's output); an eager step (`sized`) then runs its first draft call on those k rows instead of the layout's
+        D + 1, and both models' attention over the slots in use instead of the whole cache. The output is the same."""
         setting = self.setting if setting is None else tuple(setting)
         noise, u = self.randomness(temperature, draws, generator, setting)
+        at = at if self.sized else None                                              # fixed shapes: what a graph or inductor saw
         return graph_step(self, (setting, noise is None, temperature, top_p, top_k, draft_temperature), dict(noise=noise, u=u),
-                          lambda noise, u: self._run(noise, u, temperature, top_p, top_k, draft_temperature, setting),
+                          lambda noise, u: self._run(noise, u, temperature, top_p, top_k, draft_temperature, setting, at),
                           tuple(t for t in (self.r, self.k, self.emitted, self.tfeat, self.thr) if t is not None))
 
-    def run(self, noise, u, temperature=0.0, top_p=1.0, top_k=0, draft_temperature=0.6, setting=None):
-        "`step` on the given random numbers (`randomness`): tensor code only, what a CUDA graph captures or `torch.compile` compiles."
+    def run(self, noise, u, temperature=0.0, top_p=1.0, top_k=0, draft_temperature=0.6, setting=None, at=None):
+        "`step` on the given random numbers (`randomness`), sized to `at` if given: tensor code only, what a CUDA graph captures or `torch.compile` compiles."
         draft, dev, L = self.draft, self.device, self.D                             # L: the layout's depth, at least the setting's D
         N, W, K, D, M, threshold = self.shape_of(setting)
         budget = N - 1
@@ -516,18 +521,21 @@ class DeviceStep:
         r, k = self.r.clone(), self.k.clone()                                        # [1] each: the state is updated in place at the end
         gfeat = torch.zeros(M + 1, draft.config.hidden_size, device=dev, dtype=draft.dtype) if self.features else None   # [M + 1, H]: a head's output feature per candidate
         S = self.support(K) if noise is not None and self.method != 'specinfer' else 0   # random draws without replacement: each row's support
-        C = self.C; cols = torch.arange(C, device=dev)
+        C = self.C if at is None else at[0] + L + M + 1                              # the draft's slots read: all, or those in use (the pool's last at r + L + M)
+        first = L + 1 if at is None else at[1]                                       # the first call's rows: the layout's, or last step's tokens
+        cols = torch.arange(C, device=dev)
         text = (cols >= self.text_from) & (cols <= r)                                # [C]: the text and the root, seen by every tree node
         def expand(pool, slots, t):                                                  # the draft's rows, timed apart from the tree around them
             tick('build'); rows = call(pool, slots, t); tick('draft')
             return rows
         def call(pool, slots, t):
             if t == 0:                                                               # the first call: last step's tokens, then the root
-                pos = r - k + 1 + torch.arange(L + 1, device=dev)                    # [L + 1]
+                pos = r - k + 1 + torch.arange(first, device=dev)                    # [first]
                 allowed = (cols[None] >= self.text_from) & (cols[None] <= pos[:, None])
+                ids = self.emitted[:first].clamp(min=0)
                 if not self.features:                                                # a token draft: the root's logits only, [1, V]
-                    return self._rows(self._draft(self.emitted.clamp(min=0), pos, allowed, rows=k - 1), draft_temperature, S)
-                g = self._draft(self.emitted.clamp(min=0), pos, allowed, draft.fuse(self.tfeat))   # [L + 1, H]
+                    return self._rows(self._draft(ids, pos, allowed, rows=k - 1 if at is None else slice(first - 1, first)), draft_temperature, S)
+                g = self._draft(ids, pos, allowed, draft.fuse(self.tfeat[:first]))   # [first, H]
                 gfeat[0] = g[k - 1][0]
                 return self._rows(g[k - 1], draft_temperature, S)                    # [1, V]: the root's row
             allowed = text[None].expand(slots.shape[0], C).clone()                   # [w, C]: the text, and each candidate's ancestors
@@ -545,7 +553,7 @@ class DeviceStep:
             if adaptive: self.thr.copy_(adapt_threshold(self.thr, tree.valid.sum() - 1, budget, self.fill))
         tick('build')
         anc = tree.ancestor_mask(); depth = anc.sum(1) - 1                          # [N, N] (the verifier's too), [N]
-        slots, tcols = r + torch.arange(N, device=dev), torch.arange(self.tcache.k.shape[2], device=dev)
+        slots, tcols = r + torch.arange(N, device=dev), torch.arange(self.tcache.k.shape[2] if at is None else at[0] + N, device=dev)   # the target's slots read
         allowed = (tcols < r)[None].expand(N, len(tcols)).clone(); allowed[:, slots] = anc
         buf = dict(ids=tree.tokens, pos=r + depth, slots=slots, mask=additive_mask(allowed, self.target.dtype)); tick('mask')
         logits, states = static_forward(self.target, self.tcache, buf); tick('target')   # [N, V], [N, 3H]
@@ -573,6 +581,7 @@ class DevicePlain:
         if not lean_supported(target): raise ValueError(f"the device step needs the lean forward: {LEAN_MODELS}, not this target")
         self.target, self.capacity, self.device = target, capacity, input_device(target)
         self.graphs, self._run = graph_mode(graphs, self.device, 'target'), step_runner(self.run, compile)
+        self.sized = self.graphs is False and not compile                            # eager: a step may size its forward to the caller's `at`
         self.clock = PhaseClock(self.device.type == 'cpu' and not compile)           # the last step's split: its forward, then the token taken
         self.tcache = StaticCache(target, capacity, buckets=(1,), graphs=False)
         self.r = torch.zeros(1, dtype=torch.long, device=self.device)                # [1]: the root's position, the target's cached count
@@ -591,10 +600,10 @@ class DevicePlain:
         "`(None, u)`: no draft noise, and the step's uniform [1] (float64) at T > 0, None at T = 0; drawn on the device."
         return None, None if temperature == 0 else torch.rand(1, generator=generator, device=self.device, dtype=torch.float64)
 
-    def run(self, noise, u, temperature=0.0, top_p=1.0, top_k=0, draft_temperature=None):
-        "`step` on the given uniform: tensor code only, what a CUDA graph captures."
+    def run(self, noise, u, temperature=0.0, top_p=1.0, top_k=0, draft_temperature=None, at=None):
+        "`step` on the given uniform, its attention over the slots in use if `at` is given: tensor code only, what a CUDA graph captures."
         self.clock.start()
-        cols = torch.arange(self.tcache.k.shape[2], device=self.device)
+        cols = torch.arange(self.tcache.k.shape[2] if at is None else at[0] + 1, device=self.device)   # the slots read
         buf = dict(ids=self.last, pos=self.r, slots=self.r, mask=additive_mask((cols <= self.r)[None], self.target.dtype))
         self.clock.tick('mask')
         logits, _ = static_forward(self.target, self.tcache, buf); self.clock.tick('target')   # [1, V]
@@ -607,7 +616,8 @@ class DevicePlain:
         self.clock.tick('verify')
         return out
 
-    def step(self, temperature=0.0, top_p=1.0, top_k=0, draft_temperature=None, draws=None, generator=None, setting=None):
-        "One token: LongTensor[4] on the device, as `DeviceStep.step`'s for one token (under graphs, the graph's own output: read it before the next step); no tree, so no `setting`."
+    def step(self, temperature=0.0, top_p=1.0, top_k=0, draft_temperature=None, draws=None, generator=None, setting=None, at=None):
+        "One token: LongTensor[4] on the device, as `DeviceStep.step`'s for one token (under graphs, the graph's own output: read it before the next step); no tree, so no `setting`; `at` as `DeviceStep.step`'s."
         _, u = self.randomness(temperature, generator=generator)
-        return graph_step(self, (temperature, top_p, top_k), dict(u=u), lambda u: self._run(None, u, temperature, top_p, top_k), (self.r, self.last))
+        at = at if self.sized else None
+        return graph_step(self, (temperature, top_p, top_k), dict(u=u), lambda u: self._run(None, u, temperature, top_p, top_k, None, at), (self.r, self.last))

@@ -535,10 +535,12 @@ def _device_generate(self: SpecDecoder, seq, max_new_tokens, sampling, draft_tem
     g = torch.Generator(device=ds.device)
     g.manual_seed(torch.seed() if seed is None else seed)
     greedy, setting = sampling['temperature'] == 0, None                       # choosing: each step's setting, its rate counted after its read
-    step = lambda: ds.step(draws=draws, draft_temperature=draft_temperature, generator=g, setting=setting, **sampling)
+    at = None                                                                   # read at once: the root's position and last step's tokens, for an eager step to size its calls
+    step = lambda: ds.step(draws=draws, draft_temperature=draft_temperature, generator=g, setting=setting, at=at, **sampling)
     t0 = time.perf_counter()
     with use_small_linear(self.target, self.small_linear), use_small_linear(self.draft, self.small_linear):
         ds.start(seq)
+        if not late: at = (len(seq) - 1, 1)
         stats.prefill = time.perf_counter() - t0
         new, bufs = [], _read_buffers(ds) if late else None
         pending = _start_read(step(), bufs[0]) if late else None
@@ -551,6 +553,7 @@ def _device_generate(self: SpecDecoder, seq, max_new_tokens, sampling, draft_tem
             else:
                 if self.choosing: setting = self.choose_setting(greedy)
                 k, n, depth, *toks = step().tolist()                            # the step's one read
+                at = (at[0] + k, k)
                 if self.choosing: self.count_setting(greedy, setting, k, time.perf_counter() - t0)
             out = _until_eos(toks[:k], eos, max_new_tokens - len(new))
             root = new[-1] if new else seq[-1]

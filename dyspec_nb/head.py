@@ -537,6 +537,7 @@ class StaticHeadCache(HeadCache):
         self.buckets = tuple(sorted(set(buckets)))
         self.graphs = graph_mode(graphs, dev, 'head')                           # True, False or 'emulate' (06e_static)
         self.static, self.eager, self.warned, self.slots = {}, 0, False, None   # as StaticCache's; the slots of the running call
+        self.width = capacity                                                   # the slots attention reads: the first `width` (an eager caller may narrow it)
 
     def reset(self):
         "Empty, for a new sequence: no cached position, no features (the buffers and graphs stay)."
@@ -545,9 +546,9 @@ class StaticHeadCache(HeadCache):
     def get_seq_length(self, layer_idx=0): return self.n
 
     def update(self, k, v, layer_idx=0, *args, **kwargs):
-        "Write k, v [1, kvh, T, d] at the slots of the call; attention reads the whole cache, under the call's mask."
+        "Write k, v [1, kvh, T, d] at the slots of the call; attention reads the cache's first `width` slots, under the call's mask."
         self.K[0].index_copy_(1, self.slots, k[0]); self.V[0].index_copy_(1, self.slots, v[0])
-        return self.K, self.V
+        return self.K[:, :, :self.width], self.V[:, :, :self.width]            # [1, kvh, width, d]
 
     def keep(self, idx):
         "Keep only the cached positions `idx` (LongTensor), in that order."

@@ -97,17 +97,19 @@ def fill_step(buf, ids, positions, mask, P):
 # %% ../nbs/api/06e_static.ipynb #1fb801ad
 @torch.no_grad()
 def static_forward(model, cache, buf, rows=None):
-    """The padded forward on a bucket's buffers `buf` (ids, pos, slots LongTensor[B]; mask [1, 1, B, C]): keys and values
-    written at the slots, attention over the cache's whole capacity C. `(logits [B, V], the states of the cache's hidden
+    """The padded forward on a bucket's buffers `buf` (ids, pos, slots LongTensor[B]; mask [1, 1, B, S]): keys and values
+    written at the slots, attention over the cache's first S slots, S the mask's width (a bucket's: the whole capacity C;
+    an eager caller that knows how many slots are in use may give fewer). `(logits [B, V], the states of the cache's hidden
     layers [B, len(hidden) * H] or None)`, on the model's device and in its dtype; with `rows` (LongTensor[r] on the
     device) the logits of those rows only, [r, V] (the output layer is most of a small model's products)."""
     x = model.model.embed_tokens(buf['ids'][None])                             # [1, B, H]
     rope = rope_tables(model, x, buf['pos'][None])                             # per layer, [1, B, d] each
+    S = buf['mask'].shape[-1]
     def kv(l, k, v):                                                           # k, v: [nkv, B, d] into their slots
         cache.k[l].index_copy_(1, buf['slots'], k); cache.v[l].index_copy_(1, buf['slots'], v)
-        return cache.k[l, None], cache.v[l, None]                              # [1, nkv, C, d]: every slot, under the mask
+        return cache.k[l, None, :, :S], cache.v[l, None, :, :S]                # [1, nkv, S, d]: the first S slots, under the mask
     if cache.pos is not None: cache.pos.index_copy_(0, buf['slots'], buf['pos'])   # a sliding window: the slots' positions
-    masks = window_masks(model, buf['mask'], buf['pos'], cache.pos)            # per layer, [1, 1, B, C]
+    masks = window_masks(model, buf['mask'], buf['pos'], None if cache.pos is None else cache.pos[:S])   # per layer, [1, 1, B, S]
     x, states = lean_layers(model, cache.weights, x, rope, masks, kv, bool(cache.hidden))
     return output_logits(model, x[0] if rows is None else x[0, rows]), (layer_states(states, cache.hidden)[0] if cache.hidden else None)
 
