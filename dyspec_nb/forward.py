@@ -112,10 +112,11 @@ LEAN_MODELS = "a Llama, Qwen2, Mistral, Phi-3 or Gemma-3 causal LM on SDPA atten
 def window_layers(model):
     """`(W, layers)`: the layers whose attention sees only keys fewer than W positions before the query, and W; `(None,
     ())` where every layer attends to the whole text. Gemma-3's local layers have a window; so has every layer of a model
-    that sets `sliding_window` without layer types (Mistral, Phi-3), unless `use_sliding_window` is off (Qwen2's default)."""
+    that sets `sliding_window` without layer types (Mistral, Phi-3), unless `use_sliding_window` is off (Qwen2's default).
+    A window no shorter than `max_position_embeddings` cuts nothing, and is none (Phi-4-mini's 262,144 of 131,072)."""
     c = model.config
     W = getattr(c, 'sliding_window', None)
-    if not W or getattr(c, 'use_sliding_window', True) is False: return None, ()
+    if not W or getattr(c, 'use_sliding_window', True) is False or W >= (getattr(c, 'max_position_embeddings', None) or W + 1): return None, ()
     kinds = getattr(c, 'layer_types', None)
     layers = tuple(i for i, k in enumerate(kinds) if k == 'sliding_attention') if kinds else tuple(range(c.num_hidden_layers))
     return (W, layers) if layers else (None, ())
