@@ -428,6 +428,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                    'dyspec_nb.forward.input_device': ('api/forward.html#input_device', 'dyspec_nb/forward.py'),
                                    'dyspec_nb.forward.keep_in_place': ('api/forward.html#keep_in_place', 'dyspec_nb/forward.py'),
                                    'dyspec_nb.forward.keep_positions': ('api/forward.html#keep_positions', 'dyspec_nb/forward.py'),
+                                   'dyspec_nb.forward.layer_parts': ('api/forward.html#layer_parts', 'dyspec_nb/forward.py'),
                                    'dyspec_nb.forward.layer_states': ('api/forward.html#layer_states', 'dyspec_nb/forward.py'),
                                    'dyspec_nb.forward.lean_forward': ('api/forward.html#lean_forward', 'dyspec_nb/forward.py'),
                                    'dyspec_nb.forward.lean_layers': ('api/forward.html#lean_layers', 'dyspec_nb/forward.py'),

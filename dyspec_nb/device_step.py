@@ -379,7 +379,7 @@ class PhaseClock:
         t = time.perf_counter(); self.split[phase] += t - self.last; self.last = t
 
 class DeviceStep:
-    """Speculative decoding of a Llama, Qwen2 or Gemma-3 `target` with a `draft` of its vocabulary, a feature head or a token
+    """Speculative decoding of a `target` the lean forward runs (`lean_supported`) with a `draft` of its vocabulary, a feature head or a token
     draft (a causal LM the lean forward runs), the whole step in tensor code on the target's device: the draft's calls, the tree (`frontier_tree`, or `shape_tree` for a fixed shape), the
     verification forward, the verifier and the compaction of the target's cache, on fixed shapes, with the lengths kept
     in tensors updated in place. `step()` returns one small tensor, the step's only read back to the host. With `graphs` (default: on CUDA) each setting's

@@ -5,16 +5,16 @@
 # %% auto #0
 __all__ = ['NO_ROWS', 'LEAN_FAMILIES', 'LEAN_MODELS', 'layer_states', 'additive_mask', 'causal_mask', 'logits_size',
            'input_device', 'forward', 'prefill', 'cache_len', 'keep_positions', 'crop_to', 'window_layers',
-           'lean_supported', 'stacked', 'keep_in_place', 'LeanCache', 'new_cache', 'rope_turn', 'fold_mask',
-           'grouped_attention', 'rope_tables', 'window_masks', 'lean_layers', 'output_logits', 'lean_forward',
-           'DraftSession']
+           'lean_supported', 'stacked', 'layer_parts', 'keep_in_place', 'LeanCache', 'new_cache', 'rope_turn',
+           'fold_mask', 'grouped_attention', 'rope_tables', 'window_masks', 'lean_layers', 'output_logits',
+           'lean_forward', 'DraftSession']
 
 # %% ../nbs/api/06b_forward.ipynb #940699dc
 import inspect, time, weakref
 import numpy as np
 import torch
 import torch.nn.functional as F
-from transformers import DynamicCache, LlamaForCausalLM, Qwen2ForCausalLM, Gemma3ForCausalLM
+from transformers import DynamicCache, LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, Phi3ForCausalLM, Gemma3ForCausalLM
 from .tree import random_tree
 from .verify import sampling_probs
 from .tree_attention import tree_mask
@@ -106,25 +106,26 @@ def crop_to(cache, n):
     if extra > 0: cache.crop(-extra)
 
 # %% ../nbs/api/06b_forward.ipynb #dda68c6c
-LEAN_FAMILIES = (LlamaForCausalLM, Qwen2ForCausalLM, Gemma3ForCausalLM)   # the decoder layers `lean_layers` runs: Llama's, Qwen2's (Llama's with q, k, v biases) and Gemma-3's
-LEAN_MODELS = "a Llama, Qwen2 or Gemma-3 causal LM on SDPA attention (a sliding window only in Gemma-3's local layers)"   # what `lean_supported` takes, in the words of a refusal
+LEAN_FAMILIES = (LlamaForCausalLM, Qwen2ForCausalLM, MistralForCausalLM, Phi3ForCausalLM, Gemma3ForCausalLM)   # the decoder layers `lean_layers` runs: Llama's, Qwen2's (q, k, v biases), Mistral's (Llama's), Phi-3's (q, k, v fused, and gate, up) and Gemma-3's
+LEAN_MODELS = "a Llama, Qwen2, Mistral, Phi-3 or Gemma-3 causal LM on SDPA attention"   # what `lean_supported` takes, in the words of a refusal
 
 def window_layers(model):
     """`(W, layers)`: the layers whose attention sees only keys fewer than W positions before the query, and W; `(None,
     ())` where every layer attends to the whole text. Gemma-3's local layers have a window; so has every layer of a model
-    that sets `sliding_window` without layer types (Mistral, Phi-3), unless `use_sliding_window` is off (Qwen2's default)."""
+    that sets `sliding_window` without layer types (Mistral, Phi-3), unless `use_sliding_window` is off (Qwen2's default).
+    A window no shorter than `max_position_embeddings` cuts nothing, and is none (Phi-4-mini's 262,144 of 131,072)."""
     c = model.config
     W = getattr(c, 'sliding_window', None)
-    if not W or getattr(c, 'use_sliding_window', True) is False: return None, ()
+    if not W or getattr(c, 'use_sliding_window', True) is False or W >= (getattr(c, 'max_position_embeddings', None) or W + 1): return None, ()
     kinds = getattr(c, 'layer_types', None)
     layers = tuple(i for i, k in enumerate(kinds) if k == 'sliding_attention') if kinds else tuple(range(c.num_hidden_layers))
     return (W, layers) if layers else (None, ())
 
 def lean_supported(model):
-    "Whether `lean_forward` runs `model`: a Llama or Qwen2 causal LM (or subclass) with full attention in every layer, or a Gemma-3 text model (its local layers' window applied), on SDPA attention, not split over devices."
+    "Whether `lean_forward` runs `model`: a causal LM of `LEAN_FAMILIES` (or subclass), its sliding window applied where it has one, on SDPA attention, not split over devices."
     if not isinstance(model, LEAN_FAMILIES): return False
     c, gemma = model.config, isinstance(model, Gemma3ForCausalLM)
-    return (c._attn_implementation == 'sdpa' and (gemma or not window_layers(model)[1])
+    return (c._attn_implementation == 'sdpa'
             and not (gemma and (c.attn_logit_softcapping or c.use_bidirectional_attention))   # neither is SDPA's: the model's own forward
             and not getattr(model, 'hf_device_map', None) and model.model.embed_tokens.weight.device.type != 'meta')
 
@@ -142,10 +143,17 @@ def stacked(owner, name, mods):
     if name not in memo or memo[name][0] != key: memo[name] = (key, _cat(ws), _cat([m.bias for m in mods]))
     return memo[name][1:]
 
+def layer_parts(layer):
+    """`(qkv, gate_up, act)` of a decoder layer: the linear modules whose outputs are the queries, keys and values in that
+    order, those whose outputs are the MLP's gate then up, and its activation. Phi-3's layers have them fused already (one
+    `qkv_proj`, one `gate_up_proj`), the other families' separate (`q_proj`, `k_proj`, `v_proj`; `gate_proj`, `up_proj`)."""
+    att, mlp = layer.self_attn, layer.mlp
+    if hasattr(att, 'qkv_proj'): return (att.qkv_proj,), (mlp.gate_up_proj,), mlp.activation_fn
+    return (att.q_proj, att.k_proj, att.v_proj), (mlp.gate_proj, mlp.up_proj), mlp.act_fn
+
 def _stacked(model):
-    "Per layer: (qkv weight, qkv bias, gate-up weight, gate-up bias), the q, k, v projections stacked and the MLP's gate and up."
-    return [stacked(model, (i, 'qkv'), (l.self_attn.q_proj, l.self_attn.k_proj, l.self_attn.v_proj)) + stacked(model, (i, 'gate_up'), (l.mlp.gate_proj, l.mlp.up_proj))
-            for i, l in enumerate(model.model.layers)]
+    "Per layer: (qkv weight, qkv bias, gate-up weight, gate-up bias), the q, k, v projections stacked and the MLP's gate and up (a fused module's weight as it is: no copy)."
+    return [stacked(model, (i, 'qkv'), qkv) + stacked(model, (i, 'gate_up'), gu) for i, (qkv, gu, _) in enumerate(map(layer_parts, model.model.layers))]
 
 def keep_in_place(caches, n, idx):
     "Keep the positions `idx` (LongTensor, in that order) of the first `n` along dim 2 of each tensor in `caches` ([.., .., capacity, ..]), moved in place from the first position that changes; the new length."
@@ -230,8 +238,11 @@ def grouped_attention(q, K, V, fmask, scale=None, causal=False):
     return a.reshape(B, h, T, d)                                               # a copy where SDPA's output is strided (CUDA's memory-efficient kernel)
 
 def rope_tables(model, x, positions):
-    """Per layer, the rotary tables `(cos, sin)` [1, q, d] of positions [1, q] as the model's own forward computes them:
-    one pair that every layer shares, or Gemma-3's two (its local and global layers turn at different rates)."""
+    """Per layer, the rotary tables `(cos, sin)` [1, q, r] of positions [1, q] as the model's own forward computes them, by
+    its own rotary embedding (so with its scaling: Phi-3's LongRoPE takes its long factors where the call's largest
+    position passes `original_max_position_embeddings`, as in its own forward): one pair that every layer shares, or
+    Gemma-3's two (its local and global layers turn at different rates). r is the head size d, or the part of it that
+    turns (Phi-3's `partial_rotary_factor`)."""
     m = model.model
     if not isinstance(model, Gemma3ForCausalLM): return [m.rotary_emb(x, positions)] * len(m.layers)
     kinds = model.config.layer_types
@@ -255,30 +266,33 @@ def window_masks(model, mask, qpos, kpos):
 
 @torch.no_grad()
 def lean_layers(model, weights, x, rope, masks, kv, hidden=False):
-    """The decoder layers of a Llama, Qwen2 or Gemma-3 `model` on x [1, q, H], as its own forward runs them: `weights`
+    """The decoder layers of a `model` of `LEAN_FAMILIES` on x [1, q, H], as its own forward runs them: `weights`
     the stacked products (`LeanCache.weights`), `rope` each layer's rotary tables (`rope_tables`), `masks` each layer's
     mask [1, 1, q, S] (`window_masks`), None for a prefill into an empty cache (S = q: `grouped_attention`'s causal
     path); `kv(l, k, v)` stores layer l's new keys and values ([kv_heads, q, d] each) and returns what attention reads
     ([1, kv_heads, S, d] each). Gemma-3's layers norm the queries and keys per head, and norm the attention's and the
-    MLP's outputs before adding them. `(the normed output [1, q, H], the states after the embedding and each layer, the
-    last normed)`: with `hidden` True all of them, with layer indices only those (None for the others: a long prompt's
-    states are kept only where read), else only the embedding's."""
+    MLP's outputs before adding them; Phi-3's may turn only the first r of each head's d dimensions (`rope_tables`).
+    `(the normed output [1, q, H], the states after the embedding and each layer, the last normed)`: with `hidden` True
+    all of them, with layer indices only those (None for the others: a long prompt's states are kept only where read),
+    else only the embedding's."""
     m, c = model.model, model.config
     nh, nkv = c.num_attention_heads, c.num_key_value_heads
     d = getattr(c, 'head_dim', None) or c.hidden_size // nh
     q, gemma = x.shape[1], isinstance(model, Gemma3ForCausalLM)
-    lin = linear_product(m.layers[0].mlp.gate_proj)[0]                         # the product the model's own layers run now
+    lin = linear_product(layer_parts(m.layers[0])[1][0])[0]                    # the product the model's own layers run now
     folded = {id(mk): fold_mask(mk, nh // nkv) for mk in masks}                # [1, 1, (nh / nkv) q, S]: once per distinct mask
     L = len(m.layers)
     want = range(L + 1) if hidden is True else {l % (L + 1) for l in hidden} if hidden else ()   # which states are kept
     states = [x]
     for l, (layer, (w_qkv, b_qkv, w_gu, b_gu)) in enumerate(zip(m.layers, weights)):
-        att, mlp = layer.self_attn, layer.mlp
-        cos, sin = rope[l]
+        att, mlp, act = layer.self_attn, layer.mlp, layer_parts(layer)[2]
+        cos, sin = rope[l]                                                     # [1, q, r] each
         qkv = lin(layer.input_layernorm(x), w_qkv, b_qkv)                      # [1, q, (nh + 2 nkv) d]
         qk = qkv[..., :(nh + nkv) * d].view(1, q, nh + nkv, d)                 # [1, q, nh + nkv, d]
         if gemma: qk = torch.cat([att.q_norm(qk[:, :, :nh]), att.k_norm(qk[:, :, nh:])], 2)   # each head normed
-        qk = rope_turn(qk, cos[:, :, None], sin[:, :, None])                   # query and key heads turned at once
+        r = cos.shape[-1]                                                      # the dimensions that turn: d, or Phi-3's partial r
+        turned = rope_turn(qk[..., :r], cos[:, :, None], sin[:, :, None])      # query and key heads turned at once: [1, q, nh + nkv, r]
+        qk = turned if r == d else torch.cat([turned, qk[..., r:]], -1)        # [1, q, nh + nkv, d]: the rest as it is
         qs, ks = qk[:, :, :nh].transpose(1, 2), qk[:, :, nh:].transpose(1, 2)  # [1, nh, q, d], [1, nkv, q, d]
         vs = qkv[..., (nh + nkv) * d:].view(1, q, nkv, d).transpose(1, 2)      # [1, nkv, q, d]
         K, V = kv(l, ks[0], vs[0])                                             # [1, nkv, S, d] each
@@ -286,11 +300,11 @@ def lean_layers(model, weights, x, rope, masks, kv, hidden=False):
         if gemma:
             x = x + layer.post_attention_layernorm(att.o_proj(a))
             g, u = lin(layer.pre_feedforward_layernorm(x), w_gu, b_gu).chunk(2, -1)   # [1, q, I] each
-            x = x + layer.post_feedforward_layernorm(mlp.down_proj(mlp.act_fn(g) * u))
+            x = x + layer.post_feedforward_layernorm(mlp.down_proj(act(g) * u))
         else:
             x = x + att.o_proj(a)
             g, u = lin(layer.post_attention_layernorm(x), w_gu, b_gu).chunk(2, -1)  # [1, q, I] each
-            x = x + mlp.down_proj(mlp.act_fn(g) * u)
+            x = x + mlp.down_proj(act(g) * u)                                  # Phi-3's u * act(g): the same product
         if hidden: states.append(x if l + 1 in want else None)
     x = m.norm(x)                                                              # [1, q, H]; hidden_states[-1] is the normed state
     if hidden: states[-1] = x if L in want else None
@@ -304,7 +318,7 @@ def output_logits(model, h):
 
 @torch.no_grad()
 def lean_forward(model, ids, positions, mask, cache, keep=None, hidden=None):
-    """`forward` of a Llama, Qwen2 or Gemma-3 `model` on a `LeanCache`, bit for bit the model's own: logits (float32,
+    """`forward` of a `model` of `LEAN_FAMILIES` on a `LeanCache`, bit for bit the model's own: logits (float32,
     CPU), and with `hidden` those layers' states. `mask` None is a causal chain after the cached keys: into an empty
     cache SDPA's own causal attention (no mask built, as the model's own forward without a mask, where no window cuts
     it), else `causal_mask`."""

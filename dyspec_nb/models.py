@@ -16,7 +16,7 @@ import atexit, contextlib, copy, errno, fcntl, hashlib, json, math, mmap, re, st
 from functools import lru_cache
 from pathlib import Path
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Gemma3TextConfig, Gemma3ForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Gemma3TextConfig, Gemma3ForCausalLM
 from transformers.utils import logging as hf_logging
 from safetensors import SafetensorError
 from .draft import load_draft
@@ -549,21 +549,28 @@ def load_pair(target=None, draft=None, device=None, dtype=None, need_draft=True)
     return t, d, tok
 
 # %% ../nbs/api/05_models.ipynb #d3a3b03b
+_TINY = {'llama': (LlamaConfig, LlamaForCausalLM), 'qwen2': (Qwen2Config, Qwen2ForCausalLM), 'mistral': (MistralConfig, MistralForCausalLM),
+                 'phi3': (Phi3Config, Phi3ForCausalLM), 'gemma3': (Gemma3TextConfig, Gemma3ForCausalLM)}   # what `tiny_llama` builds
+
 def tiny_llama(vocab_size=16, hidden_size=32, layers=2, heads=4, kv_heads=2, seed=0, max_position_embeddings=512, family='llama',
-               sliding_window=8):   # family='gemma3': the local layers' window (every other layer, the first included)
+               sliding_window=None):   # in positions: Gemma-3's local layers' window (8 if None), every layer's of a Mistral or Phi-3 (none if None)
     """A randomly initialised `LlamaForCausalLM` in fp32, eval mode; with `family='qwen2'` a `Qwen2ForCausalLM` (Llama's
-    layers with biases on the query, key and value projections); with `family='gemma3'` a `Gemma3ForCausalLM` (normed
-    query and key heads, norms around the attention and the MLP, scaled embeddings, and local layers that see only the
-    last `sliding_window` positions, with their own rotary base). The same seed gives the same weights."""
-    if family not in ('llama', 'qwen2', 'gemma3'): raise ValueError(f"family must be 'llama', 'qwen2' or 'gemma3', got {family!r}")
+    layers with biases on the query, key and value projections); with `family='mistral'` a `MistralForCausalLM` (Llama's
+    layers; every layer sees only the last `sliding_window` positions, if given); with `family='phi3'` a `Phi3ForCausalLM`
+    (Llama's layers with the query, key and value projections fused into one module, and the MLP's gate and up; a window
+    as Mistral's); with `family='gemma3'` a `Gemma3ForCausalLM` (normed query and key heads, norms around the attention and
+    the MLP, scaled embeddings, and local layers, every other one from the first, that see only the last `sliding_window`
+    positions, with their own rotary base). The same seed gives the same weights."""
+    if family not in _TINY: raise ValueError(f"family must be 'llama', 'qwen2', 'mistral', 'phi3' or 'gemma3', got {family!r}")
+    if sliding_window is not None and family in ('llama', 'qwen2'): raise ValueError(f"a tiny {family} attends to the whole text: sliding_window is for 'mistral', 'phi3' and 'gemma3'")
     shared = dict(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size, num_hidden_layers=layers,
                   num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_position_embeddings,
                   bos_token_id=0, eos_token_id=1, pad_token_id=1, tie_word_embeddings=False)
-    if family == 'gemma3':
-        cfg, cls = Gemma3TextConfig(**shared, head_dim=hidden_size // heads, sliding_window=sliding_window, query_pre_attn_scalar=hidden_size // heads,
-                                    layer_types=['sliding_attention' if l % 2 == 0 else 'full_attention' for l in range(layers)]), Gemma3ForCausalLM
-    else: cfg, cls = (LlamaConfig, LlamaForCausalLM) if family == 'llama' else (Qwen2Config, Qwen2ForCausalLM)
-    if family != 'gemma3': cfg = cfg(**shared)
+    make, cls = _TINY[family]
+    if family == 'gemma3': cfg = make(**shared, head_dim=hidden_size // heads, sliding_window=sliding_window or 8, query_pre_attn_scalar=hidden_size // heads,
+                                      layer_types=['sliding_attention' if l % 2 == 0 else 'full_attention' for l in range(layers)])
+    elif family in ('mistral', 'phi3'): cfg = make(**shared, sliding_window=sliding_window)   # None: full attention (Mistral's config would say 4096)
+    else: cfg = make(**shared)
     cfg._attn_implementation = 'sdpa'
     with torch.random.fork_rng():
         torch.manual_seed(seed)
