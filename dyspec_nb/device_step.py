@@ -458,7 +458,7 @@ class DeviceStep:
         (with `rows`, LongTensor[r] or a slice, of those rows only: [r, V])."""
         slots = pos if slots is None else slots
         if not self.features: return static_forward(self.draft, self.dcache, dict(ids=ids, pos=pos, slots=slots, mask=additive_mask(allowed, self.draft.dtype)), rows)[0]
-        self.dcache.slots, self.dcache.width = slots, allowed.shape[1]           # attention reads the slots the mask spans
+        self.dcache.slots = slots                                                # attention reads the slots the mask spans
         return lean_head_layer(self.draft, ids[None], pos[None], additive_mask(allowed, self.draft.dtype), self.dcache, feats[None], rope=self.dcache.rope,
                                weights=self.weights)[0]
 

@@ -209,7 +209,8 @@ def lean_head_layer(head, ids, pos, mask, cache, feats, rope=None, weights=None)
     qk = rope_turn(qkv[..., :(nh + kvh) * d].view(B, T, nh + kvh, d).transpose(1, 2), cos, sin)  # [B, nh + kvh, T, d]: as `rope`, both at once
     q, k = qk[:, :nh], qk[:, nh:]                                                                # [B, nh, T, d], [B, kvh, T, d]
     v = qkv[..., (nh + kvh) * d:].view(B, T, kvh, d).transpose(1, 2)                             # [B, kvh, T, d]
-    K, V = (k, v) if cache is None else cache.update(k, v, 0)                                    # [B, kvh, S, d]
+    K, V = (k, v) if cache is None else cache.update(k, v, 0)                                    # [B, kvh, S', d]
+    if mask is not None: K, V = K[:, :, :mask.shape[-1]], V[:, :, :mask.shape[-1]]               # [B, kvh, S, d]: the slots the mask spans (a caller may give fewer than a static cache holds)
     a = grouped_attention(q, K, V, fold_mask(mask, nh // kvh))                                   # [B, nh, T, d]
     x = x + prod(a.transpose(1, 2).reshape(B, T, -1), 'o', (head.o,))
     gate, up = prod(norm(x, head.mlp_norm), 'gate_up', (head.gate, head.up)).chunk(2, -1)         # [B, T, I] each
@@ -537,7 +538,6 @@ class StaticHeadCache(HeadCache):
         self.buckets = tuple(sorted(set(buckets)))
         self.graphs = graph_mode(graphs, dev, 'head')                           # True, False or 'emulate' (06e_static)
         self.static, self.eager, self.warned, self.slots = {}, 0, False, None   # as StaticCache's; the slots of the running call
-        self.width = capacity                                                   # the slots attention reads: the first `width` (an eager caller may narrow it)
 
     def reset(self):
         "Empty, for a new sequence: no cached position, no features (the buffers and graphs stay)."
@@ -546,9 +546,9 @@ class StaticHeadCache(HeadCache):
     def get_seq_length(self, layer_idx=0): return self.n
 
     def update(self, k, v, layer_idx=0, *args, **kwargs):
-        "Write k, v [1, kvh, T, d] at the slots of the call; attention reads the cache's first `width` slots, under the call's mask."
+        "Write k, v [1, kvh, T, d] at the slots of the call; attention reads the cache (the slots its mask spans), under the call's mask."
         self.K[0].index_copy_(1, self.slots, k[0]); self.V[0].index_copy_(1, self.slots, v[0])
-        return self.K[:, :, :self.width], self.V[:, :, :self.width]            # [1, kvh, width, d]
+        return self.K, self.V
 
     def keep(self, idx):
         "Keep only the cached positions `idx` (LongTensor), in that order."
