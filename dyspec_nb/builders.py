@@ -596,7 +596,7 @@ def eagle2(root_token, draft, budget, generator=None, *,
 # %% ../nbs/api/02_builders.ipynb #4d88474c
 BUILDERS = dict(dyspec=dyspec, dyspec_threshold=dyspec_threshold, dyspec_adaptive=dyspec_adaptive, sequoia=sequoia, specinfer=specinfer,
                 chain=chain, opt_tree=opt_tree, c2t=c2t, eagle2=eagle2)
-COST_AWARE = ('dyspec', 'dyspec_threshold', 'dyspec_adaptive')   # the builders that take `costs` (budget='auto' in the engine)
+COST_AWARE = ('dyspec', 'dyspec_threshold', 'dyspec_adaptive')   # the builders that take `costs` (and budget='auto' in the engine)
 TOP_DRAWS = COST_AWARE + ('sequoia', 'specinfer', 'chain')   # the builders that draw take `draws` (the engine's default at T = 0: 'top')
 ALWAYS_TOP = ('opt_tree', 'c2t', 'eagle2')                     # the builders that always take the draft's most probable tokens
 

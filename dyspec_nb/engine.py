@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 import torch
 from tqdm.auto import tqdm
 from .tree import TokenTree
-from .builders import BUILDERS, COST_AWARE, DRAWS, MAX_BUDGET, TOP_DRAWS
+from .builders import BUILDERS, COST_AWARE, DRAWS, TOP_DRAWS
 from .verify import sampling_probs, as_count
 from .small_linear import use_small_linear
 from .forward import input_device, lean_supported, logits_size, layer_states, LEAN_MODELS
 from .cost import product_choice
 from .head import is_head, check_head_target, unrolled_logits
-from .device_step import DeviceStep, DevicePlain, DEVICE_METHODS, PHASES, device_shape, step_options
+from .device_step import DeviceStep, DevicePlain, DEVICE_METHODS, MAX_STEP_BUDGET, PHASES, device_shape, step_options
 
 # %% ../nbs/api/08_engine.ipynb #aa9a1d48
 @dataclass
@@ -162,11 +162,11 @@ def _device_settings(method, budget, options, vocab, choosing):
     return tuple(dict.fromkeys((b, d) for b, d in pairs if d is None or d < _device_shape(method, b, options, vocab)[2]))
 
 def _check_cap(name, value, context=1 << 30):
-    "`value`, a budget or its cap: an integer from 1 to `MAX_BUDGET`, and to `context` - 2 (a tree, its root and one prompt token fill the context)."
-    hi = min(MAX_BUDGET, context - 2)
+    "`value`, a budget or its cap: an integer from 1 to `MAX_STEP_BUDGET`, and to `context` - 2 (a tree, its root and one prompt token fill the context)."
+    hi = min(MAX_STEP_BUDGET, context - 2)
     n = as_count(value)                                          # a NumPy or 0-d tensor integer counts as its int
     if n is None or not 1 <= n <= hi:
-        why = f" (the models' context is {context} positions)" if hi < MAX_BUDGET else ''
+        why = f" (the models' context is {context} positions)" if hi < MAX_STEP_BUDGET else ''
         raise ValueError(f"{name} must be an integer between 1 and {hi} draft tokens{why}, got {value!r}")
     return n
 
