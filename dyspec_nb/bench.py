@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from .builders import BUILDERS, DEFAULT_ACCEPTANCE, DRAWS, TOP_DRAWS, sequoia_dp, COST_AWARE, draw_mode
 from .native import bank_draft
 from .verify import estimate_acceptance
-from .engine import SpecDecoder, GenerationStats, PHASES, teacher_forced_rows
+from .engine import SpecDecoder, GenerationStats, PHASES, METHODS, teacher_forced_rows
 from .cost import interpolate
 from .verify import sampling_probs
 from .data import mtbench_prompts, sharegpt_prompts
@@ -41,8 +41,9 @@ class Method:
 def parse_method(spec):
     "A `Method` from 'dyspec', 'specinfer:5x8', 'autoregressive', ..."
     name, _, shape = spec.partition(':')
-    if name != 'autoregressive' and name not in BUILDERS:
-        raise ValueError(f"unknown method {name!r}: choose from {sorted(BUILDERS) + ['autoregressive']} (specinfer also as specinfer:KxD)")
+    if name not in METHODS:
+        known = f"{name!r} is a builder of 02_builders that the engine does not decode" if name in BUILDERS else f"unknown method {name!r}"
+        raise ValueError(f"{known}: choose from {list(METHODS)} (specinfer also as specinfer:KxD)")
     if not shape: return Method(spec, name)
     if name != 'specinfer': raise ValueError(f"only specinfer takes a shape (specinfer:KxD), got {spec!r}")
     try: k, d = (int(x) for x in shape.lower().split('x'))
@@ -131,7 +132,7 @@ def _cell(stats, tokens, baseline=None):
                seconds_per_token=s.seconds_per_token, prefill=s.prefill,
                step_seconds={p: v / n for p, v in s.time_split.items()},
                tree_size=sum(r.tree_size for r in s.records) / n, depth=sum(r.depth for r in s.records) / n,
-               draft_calls=sum(r.draft_calls for r in s.records) / n, draft_rows=sum(r.draft_rows for r in s.records) / n,
+               draft_calls=sum(r.draft_calls for r in s.records) / n,
                tokens=tokens)
     per = dict(accepted_per_step=[x.accepted_per_step for x in stats], seconds_per_token=[x.seconds_per_token for x in stats])
     if baseline is not None:                                    # speedups over the autoregressive run, pooled and per prompt
@@ -172,7 +173,7 @@ def check_resumable(previous, settings):
 def _done(record, ds, Tk): return Tk in record['results'].get(ds, {})
 
 def bench(target, draft, prompts,                   # prompts: {dataset: [LongTensor[1, L], ...]}
-          methods=('dyspec', 'dyspec_threshold', 'sequoia', 'specinfer', 'specinfer:5x8', 'specinfer:8x8', 'opt_tree', 'c2t', 'chain'),
+          methods=('dyspec', 'dyspec_threshold', 'sequoia', 'specinfer', 'specinfer:5x8', 'specinfer:8x8', 'opt_tree', 'chain'),
           temperatures=(0.0, 0.6), budgets=(16, 64), max_new_tokens=64, draft_temperature=0.6, seed=0,
           calibration=None,                         # prompts for Sequoia's acceptance vector (None: Sequoia's default vector)
           calibration_tokens=32, costs=None, sequoia_max_depth=None, progress=True, command=None,
@@ -433,10 +434,10 @@ def changed_markdown(rows, n, draft):
     return '\n'.join(out)
 
 # %% ../nbs/api/14_bench.ipynb #5c09074b
-QUICK = dict(methods=list(BUILDERS), budgets=['auto', 16], temperatures=[0.0, 0.6], datasets=['mtbench'], prompts=1, max_new_tokens=16,
+QUICK = dict(methods=[m for m in METHODS if m != 'autoregressive'], budgets=['auto', 16], temperatures=[0.0, 0.6], datasets=['mtbench'], prompts=1, max_new_tokens=16,
              calibration_prompts=1, calibration_tokens=16)
 FULL = dict(methods=['dyspec', 'dyspec_threshold', 'dyspec_adaptive', 'eagle2', 'sequoia', 'specinfer', 'specinfer:5x8',
-                     'specinfer:8x8', 'opt_tree', 'c2t', 'chain'],
+                     'specinfer:8x8', 'opt_tree', 'chain'],
             budgets=[8, 16, 64], temperatures=[0.0, 0.6], datasets=['mtbench', 'sharegpt'], prompts=10, max_new_tokens=64,
             calibration_prompts=8, calibration_tokens=48)
 
