@@ -1,4 +1,4 @@
-# The device step on a GPU in one window (issue 51): `results/device_step_gpu.json`. Not part of the package; 22_gpu
+# The engine's step on a GPU in one window (issue 51): `results/device_step_gpu.json`. Not part of the package; 22_gpu
 # renders its record. On a CUDA machine, from the project root, with the embedded pair's packages importable (22_gpu says
 # how they travel to a machine that reaches nothing, and `dyspec_nb._native` built there):
 #     python nbs/experiments/gpu_window.py            # BUDGET_S=400 bounds it; OUT=dir writes the record there instead
@@ -107,20 +107,19 @@ def _():
     refs = [hf_generate(target, p, NEW)[0] for p in s['prompts']]; s['refs'] = refs
     res = {}
     for method, b, draft in (('dyspec', 8, 'head'), ('chain', 4, 'head'), ('eagle2', 16, 'head'), ('dyspec', 8, 'token'), ('sequoia', 8, 'token')):
-        dec = SpecDecoder(target, s[draft], method, budget=b, step='device')   # the head, and the token draft (07e)
+        dec = SpecDecoder(target, s[draft], method, budget=b)                  # the head, and the token draft (07e)
         name = f'{method} b{b}' + (', token draft' if draft == 'token' else '')
         t = time.time(); outs = [dec.generate(p, max_new_tokens=NEW) for p in s['prompts']]
         res[f'{name}: identical to target.generate'] = [o.tokens.tolist() == r for o, r in zip(outs, refs)]
         res[f'{name}: first calls, s (capture included)'] = time.time() - t
     p = s['prompts'][0]
-    for label, dec in (('device dyspec b8', SpecDecoder(target, head, 'dyspec', budget=8, step='device')),
-                       ('host dyspec b8', SpecDecoder(target, head, 'dyspec', budget=8, step='host')),
-                       ('host autoregressive', SpecDecoder(target, None, 'autoregressive', step='host'))):
+    for label, dec in (('device dyspec b8', SpecDecoder(target, head, 'dyspec', budget=8)),
+                       ('device autoregressive', SpecDecoder(target, None, 'autoregressive'))):
         dec.read_late = False                                                   # the read that synchronises, counted as before (a late read waits on an event)
         dec.generate(p, max_new_tokens=NEW)                                     # warm: graphs captured
         (a, na), (b_, nb) = count_syncs(lambda: dec.generate(p, max_new_tokens=NEW)), count_syncs(lambda: dec.generate(p, max_new_tokens=16))
         if na is not None: res[f'{label}: syncs per step'] = dict(long=[na, a.stats.steps], short=[nb, b_.stats.steps], per_step=(na - nb) / max(1, a.stats.steps - b_.stats.steps))
-    ds = SpecDecoder(target, head, 'dyspec', budget=8, step='device').device_step(int(p.shape[1]) + NEW + 9)
+    ds = SpecDecoder(target, head, 'dyspec', budget=8).device_step(int(p.shape[1]) + NEW + 9)
     g = torch.Generator(device=DEV).manual_seed(0)
     ds.start(p[0].tolist()); ds.step(generator=g)                               # captured
     n_sync = []
@@ -152,25 +151,21 @@ def table(dt, extra=(), keep=None, compiled=False):
              'assisted (token draft)': lambda ids: (hf_generate(target, ids, NEW, assistant_model=token)[0], None)}
     calls.update(extra)
     def engine(dec): return lambda ids: (lambda o: (o.tokens.tolist(), o.stats))(dec.generate(ids, max_new_tokens=NEW))
-    calls['engine autoregressive, host'] = engine(SpecDecoder(target, None, 'autoregressive', step='host'))
-    calls['engine autoregressive, device'] = engine(SpecDecoder(target, None, 'autoregressive', step='device'))   # DevicePlain, read late
-    calls['dyspec default, host'] = engine(SpecDecoder(target, head, 'dyspec', budget='auto', step='host'))
-    for m, b in (('dyspec', 8), ('chain', 4)):
-        calls[f'{m} b{b}, host'] = engine(SpecDecoder(target, head, m, budget=b, step='host'))
+    calls['engine autoregressive, device'] = engine(SpecDecoder(target, None, 'autoregressive'))   # DevicePlain, read late
     for m, b, *o in DEVICE_SETTINGS:
         o = o[0] if o else {}
-        calls[f"{m} b{b}{''.join(f' {k} {v}' for k, v in o.items())}, device"] = engine(SpecDecoder(target, head, m, budget=b, step='device', **o))
-    calls['dyspec default, device'] = engine(SpecDecoder(target, head, 'dyspec', budget='auto', step='device'))   # budget measured on the first call
-    at_once = SpecDecoder(target, head, 'dyspec', budget=32, step='device'); at_once.read_late = False   # the device rows read a step late on CUDA
+        calls[f"{m} b{b}{''.join(f' {k} {v}' for k, v in o.items())}, device"] = engine(SpecDecoder(target, head, m, budget=b, **o))
+    calls['dyspec default, device'] = engine(SpecDecoder(target, head, 'dyspec', budget='auto'))   # budget measured on the first call
+    at_once = SpecDecoder(target, head, 'dyspec', budget=32); at_once.read_late = False   # the device rows read a step late on CUDA
     calls['dyspec b32, device, read at once'] = engine(at_once)
-    eager = SpecDecoder(target, head, 'dyspec', budget=8, step='device')        # the device step uncaptured: its launches, one read
+    eager = SpecDecoder(target, head, 'dyspec', budget=8)                       # the step uncaptured: its launches, one read
     eager._device = DeviceStep(target, head, 'dyspec', 8, capacity=1024, graphs=False)
     calls['dyspec b8, device uncaptured'] = engine(eager)
     if compiled:                                                                # inductor's fused kernels, captured: compiled on the warm-up call
         # On the CPU (a dry run) only plain decoding: compiling a tree step there takes minutes. The default probes its
         # budgets captured, then compiles the one it keeps
         for m, b in (('autoregressive', 0), ('dyspec', 'auto'), ('chain', 4), ('dyspec', 16)) if CUDA else (('autoregressive', 0),):
-            dec = SpecDecoder(target, head if b else None, m, **({'budget': b} if b else {}), step='device', compile=True)
+            dec = SpecDecoder(target, head if b else None, m, **({'budget': b} if b else {}), compile=True)
             calls[f"{'engine autoregressive' if not b else 'dyspec default' if b == 'auto' else f'{m} b{b}'}, device compiled"] = engine(dec)
     if keep is not None: calls = {k: c for k, c in calls.items() if k in keep or k in dict(extra) or k == 'target.generate'}
     longest = max(prompts, key=lambda p: p.shape[1])
@@ -239,7 +234,7 @@ def _():
 def _():
     s = S['bfloat16']; target, head = s['target'], s['head']
     refs = [hf_generate(target, p, NEW)[0] for p in s['prompts']]
-    dec = SpecDecoder(target, head, 'dyspec', budget=8, step='device')
+    dec = SpecDecoder(target, head, 'dyspec', budget=8)
     outs = [dec.generate(p, max_new_tokens=NEW).tokens.tolist() for p in s['prompts']]
     first = [next((i for i, (a, b) in enumerate(zip(o, r)) if a != b), None) for o, r in zip(outs, refs)]
     return dict(identical=[o == r for o, r in zip(outs, refs)], first_difference=first)

@@ -65,7 +65,7 @@ except ImportError: llama_cpp_version = None
 rec = dict(command='python nbs/experiments/own_models.py ' + ' '.join(sys.argv[1:]), date=time.strftime('%Y-%m-%d'),
            target=Path(args.target).name, architecture=type(target).__name__, parameters=sum(x.numel() for x in target.parameters()),
            dtype=str(target.dtype)[6:], threads=torch.get_num_threads(), torch=torch.__version__, llama_cpp=llama_cpp_version,
-           prompts=args.prompts, new_tokens=args.new, greedy=True, step=default.step, head_recipe=None, methods={})
+           prompts=args.prompts, new_tokens=args.new, greedy=True, head_recipe=None, methods={})
 recipe = Path(args.draft) / 'recipe.json'
 if recipe.exists():
     r = json.loads(recipe.read_text())
@@ -78,7 +78,7 @@ def own_markdown(rec):
     head = (f"head: {h['minutes']:.0f} minutes of `dyspec train-draft`, {h['steps_done']} steps over {h['tokens']:,} tokens of {h['chats_read']} "
             f"conversations, validation top-1 agreement at depths 1-{len(agree[-1])} {', '.join(f'{a:.3f}' for a in agree[-1])}" if h and agree else 'head: no training record')
     out = [f"**{rec['target']}** ({rec['architecture']}, {rec['parameters'] / 1e6:.0f}M parameters, {rec['dtype']}), {rec['date']}, "
-           f"{rec['threads']} threads, {rec['prompts_done']} prompts x {rec['new_tokens']} new tokens, greedy; the engine's step: {rec['step']}; "
+           f"{rec['threads']} threads, {rec['prompts_done']} prompts x {rec['new_tokens']} new tokens, greedy; "
            f"peak memory {rec['peak_mb']:,.0f} MB ({rec['loaded_mb']:,.0f} MB after loading); {head}.", '',
            '| method | ms/token | speedup over `target.generate` | accepted/step | ms/step | identical to `target.generate` | first difference per prompt |',
            '|---|---|---|---|---|---|---|']

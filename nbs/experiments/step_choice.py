@@ -1,8 +1,8 @@
-# Which step a CPU should run (issue 51, item 8): `results/step_choice.json`, one entry per CPU. Not part of the package;
-# 08_engine renders the record and checks that `step='auto'` takes, on every CPU measured, the step that was faster there.
-# One interleaved run of the embedded pair (float32) on MT-Bench prompts, greedy and at T = 0.6: `target.generate`, the
-# decoder's default setting (DySpec, budget='auto') on the host step and on the device step (off CUDA its setting chosen
-# step by step), with the feature head and with the token draft, and plain decoding on each step. From the project root, on the machine to record (a run on another CPU adds its entry):
+# The engine's step against `target.generate` on a CPU (issue 51, item 8): `results/step_choice.json`, one entry per CPU.
+# Not part of the package; 08_engine renders the record. One interleaved run of the embedded pair (float32) on MT-Bench
+# prompts, greedy and at T = 0.6: `target.generate`, the decoder's default setting (DySpec, budget='auto': off CUDA its
+# setting chosen step by step) with the feature head and with the token draft, and plain decoding (method='autoregressive').
+# From the project root, on the machine to record (a run on another CPU adds its entry):
 #     python nbs/experiments/step_choice.py            # PROMPTS=8 NEW=64; OUT=dir writes the record there instead of results/
 import os, sys, json, time
 from pathlib import Path
@@ -20,13 +20,11 @@ token = load_default_pair('token')[1]
 prompts = mtbench_prompts(tok, PROMPTS)
 entry = dict(date=time.strftime('%Y-%m-%d'), machine=machine_fingerprint(), prompts=PROMPTS, new_tokens=NEW, temperatures={})
 for T in (0.0, 0.6):
-    decs = {'host default': SpecDecoder(target, head, step='host'), 'device default': SpecDecoder(target, head, step='device'),
-            'host default, token draft': SpecDecoder(target, token, step='host'), 'device default, token draft': SpecDecoder(target, token, step='device'),
-            'host autoregressive': SpecDecoder(target, None, 'autoregressive', step='host'),
-            'device autoregressive': SpecDecoder(target, None, 'autoregressive', step='device')}
+    decs = {'default': SpecDecoder(target, head), 'default, token draft': SpecDecoder(target, token),
+            'autoregressive': SpecDecoder(target, None, 'autoregressive')}
     runs = {'target.generate': lambda p, i: hf_generate(target, p, NEW, temperature=T, seed=i)[0]}
     for k, d in decs.items(): runs[k] = lambda p, i, d=d: d.generate(p, max_new_tokens=NEW, temperature=T, seed=i).tokens.tolist()
-    for f in runs.values(): f(prompts[0], 0)                                    # warm-up: the cost rule's first call, the device's first steps
+    for f in runs.values(): f(prompts[0], 0)                                    # warm-up: first calls, the default's first steps
     secs, outs = {k: 0.0 for k in runs}, {k: [] for k in runs}
     bar = tqdm(total=len(prompts) * len(runs), desc=f'T = {T:g}: prompt x decoder')
     for i, p in enumerate(prompts):
@@ -36,8 +34,7 @@ for T in (0.0, 0.6):
     rate = {k: sum(map(len, outs[k])) / secs[k] for k in runs}                  # tokens per second
     entry['temperatures'][f'{T:g}'] = dict(
         rows={k: dict(ms_per_token=1e3 / r, speedup=r / rate['target.generate'], identical=outs[k] == outs['target.generate'] if T == 0 else None) for k, r in rate.items()},
-        steps={k: d.step for k, d in decs.items()},
-        device_settings={f'{b}/{d or "-"}': dict(tokens_per_s=t / s, steps=n) for (greedy, (b, d)), (t, s, n) in decs['device default'].setting_runs.items() if greedy == (T == 0)})
+        device_settings={f'{b}/{d or "-"}': dict(tokens_per_s=t / s, steps=n) for (greedy, (b, d)), (t, s, n) in decs['default'].setting_runs.items() if greedy == (T == 0)})
 out = Path(os.environ.get('OUT') or ROOT / 'results'); out.mkdir(parents=True, exist_ok=True)
 path = out / 'step_choice.json'
 rec = json.loads(path.read_text()) if path.exists() else {}

@@ -5,7 +5,7 @@
 # whether the window's float32 and bfloat16 rows accept differently because of the dtype or because of the texts.
 # For every device setting the window measured (read from `results/device_step_gpu.json`), and DySpec at the chain's four
 # draft calls: accepted tokens and steps per MT-Bench prompt, greedy, 128 new tokens (the window's), the embedded pair in
-# float32 and in bfloat16, on the device step. From the project root:
+# float32 and in bfloat16, on the engine's step. From the project root:
 #     python nbs/experiments/window_acceptance.py      # PROMPTS=8 NEW=128; OUT=dir writes the record there instead of results/
 import os, sys, re, json, time
 from pathlib import Path
@@ -37,7 +37,7 @@ for dt in ('float32', 'bfloat16'):
     rows = {}
     for label in tqdm(labels, desc=dt):
         m, b, o = setting(label)
-        dec = SpecDecoder(target, head, m, budget=b, step='device', **o)
+        dec = SpecDecoder(target, head, m, budget=b, **o)
         steps, acc = [], []
         for p in prompts:
             st = dec.generate(p, max_new_tokens=NEW).stats
