@@ -412,7 +412,7 @@ def parser(docs=False):
     if docs:
         from dyspec_nb.docs import docs_parser                 # needs nbdev and the docs tools of the dev extra
         docs_parser(d)
-    g = sub.add_parser('gpu-check', help="on a CUDA machine: the device step's GPU table (results/device_step_gpu.json), and with --cells every #| cuda cell")
+    g = sub.add_parser('gpu-check', help="on a CUDA machine: the engine's GPU table (results/device_step_gpu.json), and with --cells every #| cuda cell")
     g.add_argument('--seconds', type=number(float, lo=60), default=GPU_SECONDS, help=f'time bound of the table script: a section that no longer fits is skipped (default {GPU_SECONDS})')
     g.add_argument('--cells', action='store_true', help="also run every notebook's #| cuda cells (nbdev-test --flags cuda; minutes more)")
     t = sub.add_parser('train-draft', help="train a feature head (an EAGLE-style draft) for a target: the hour's recipe (default) or the shipped head's")
@@ -557,7 +557,7 @@ def _run(p, args, argv, started):
     return 0
 
 # %% ../nbs/api/09_cli.ipynb #d1d17ebd
-GPU_SCRIPT = 'experiments/gpu_window.py'     # under the notebook folder: the device step's GPU table
+GPU_SCRIPT = 'experiments/gpu_window.py'     # under the notebook folder: the engine's GPU table
 GPU_RECORD = 'device_step_gpu.json'           # what it writes into the results folder
 GPU_SECONDS = 300                             # its default time bound, in seconds
 
