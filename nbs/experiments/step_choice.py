@@ -23,7 +23,8 @@ PROMPTS, NEW, BEFORE = int(os.environ.get('PROMPTS', 8)), int(os.environ.get('NE
 target, head, tok = load_default_pair()
 token = load_default_pair('token')[1]
 if WORKER:                                                                      # one request a line: [decoder, prompt ids, T, seed]
-    decs = {'host default': SpecDecoder(target, head, step='host'), 'host default, token draft': SpecDecoder(target, token, step='host')}
+    decs = {'host default': SpecDecoder(target, head, step='host'), 'host default, token draft': SpecDecoder(target, token, step='host'),
+            'host autoregressive': SpecDecoder(target, None, 'autoregressive', step='host')}
     for line in sys.stdin:
         k, ids, T, seed = json.loads(line)
         print(json.dumps(decs[k].generate(torch.tensor([ids]), max_new_tokens=NEW, temperature=T, seed=seed).tokens.tolist()), flush=True)
@@ -43,7 +44,7 @@ for T in (0.0, 0.6):
     runs = {'target.generate': lambda p, i: hf_generate(target, p, NEW, temperature=T, seed=i)[0]}
     for k, d in decs.items(): runs[k] = lambda p, i, d=d: d.generate(p, max_new_tokens=NEW, temperature=T, seed=i).tokens.tolist()
     if BEFORE:
-        for k in ('host default', 'host default, token draft'): runs[f'before: {k}'] = lambda p, i, k=k: before(k, p, T, i)
+        for k in ('host default', 'host default, token draft', 'host autoregressive'): runs[f'before: {k}'] = lambda p, i, k=k: before(k, p, T, i)
     for f in runs.values(): f(prompts[0], 0)                                    # warm-up: first calls, the default's first steps
     secs, outs = {k: 0.0 for k in runs}, {k: [] for k in runs}
     bar = tqdm(total=len(prompts) * len(runs), desc=f'T = {T:g}: prompt x decoder')
