@@ -60,7 +60,8 @@ out = Path(os.environ.get('OUT') or ROOT / 'results'); out.mkdir(parents=True, e
 path = out / 'step_choice.json'
 rec = json.loads(path.read_text()) if path.exists() else {}
 if BEFORE: entry['before'] = subprocess.run(['git', '-C', BEFORE, 'log', '-1', '--format=%h %cs'], capture_output=True, text=True).stdout.strip()
-rec[cpu_name()] = dict(command=('BEFORE=<checkout of ' + entry['before'].split()[0] + '> ' if BEFORE else '') + 'python nbs/experiments/step_choice.py', **entry)
+env = ''.join(f'{k}={v} ' for k, v in (('PROMPTS', PROMPTS), ('NEW', NEW)) if v != {'PROMPTS': 8, 'NEW': 64}[k])
+rec[cpu_name()] = dict(command=env + ('BEFORE=<checkout of ' + entry['before'].split()[0] + '> ' if BEFORE else '') + 'python nbs/experiments/step_choice.py', **entry)
 path.write_text(json.dumps(rec, indent=1) + '\n')
 for T, t in entry['temperatures'].items():
     print(f'T = {T}: ' + '  '.join(f"{k} {r['ms_per_token']:.1f} ms/token ({r['speedup']:.2f}x)" for k, r in t['rows'].items()))
