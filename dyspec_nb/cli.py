@@ -307,7 +307,7 @@ def bench_run(args, argv=()):
             if not full: print(f"dyspec: warning: {no_space(args.out.parent, 2**20)}: measuring goes on, and the record is kept at the end", file=sys.stderr)
             full.append(e)
     target, draft, tok = load_pair(args.target, args.draft, args.device, args.dtype)
-    SpecDecoder(target, draft, 'chain', 1, small_linear=False)      # the pair checked as every decoder checks it, before any prompt is read
+    SpecDecoder(target, draft, 'chain', 1, plan=dict(small_linear=False))      # the pair checked as every decoder checks it, before any prompt is read
     prompts = {ds: load_prompts(tok, ds, s['prompts']) for ds in s['datasets']}
     cal = sharegpt_prompts(tok, 'train', s['calibration_prompts'], max_tokens=256, seed=1) if s['calibration_prompts'] else None
     rec = bench(target, draft, prompts, s['methods'], s['temperatures'], s['budgets'], s['max_new_tokens'], args.draft_temperature,
@@ -513,7 +513,7 @@ def _run(p, args, argv, started):
         try:
             target, draft, tok = load_pair(args.target, args.draft, args.device, args.dtype, need_draft=args.method != 'autoregressive')   # a device this machine lacks: before loading
             budget_ = args.budget or ('auto' if args.method in COST_AWARE else 16)
-            dec = SpecDecoder(target, draft, args.method, budget_, max_budget=args.max_budget, compile=args.compile, **({'draws': args.draws} if args.draws else {}))
+            dec = SpecDecoder(target, draft, args.method, budget_, max_budget=args.max_budget, plan=dict(compile=True) if args.compile else None, **({'draws': args.draws} if args.draws else {}))
         except (ValueError, FileNotFoundError) as e: p.error(cli_words(str(e)))
         opts = dict(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                     draft_temperature=args.draft_temperature, seed=args.seed, baseline=args.baseline, control_tokens=args.control_tokens)

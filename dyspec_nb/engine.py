@@ -5,8 +5,8 @@
 # %% auto #0
 __all__ = ['AUTO_CAP', 'METHODS', 'STEP_OPTIONS', 'DEVICE_AUTO_BUDGETS', 'DEVICE_AUTO_DEPTHS', 'DEVICE_PROBE_STEPS',
            'CHOOSING_SETTINGS', 'CHOOSING_FIRST', 'CHOOSING_STOP', 'PROBE_EVERY', 'DRAFT_TEMPERATURE', 'StepRecord',
-           'StepTrace', 'GenerationStats', 'GenerationOutput', 'SpecDecoder', 'compare_methods', 'methods_markdown',
-           'continuation', 'teacher_forced_rows']
+           'StepTrace', 'GenerationStats', 'GenerationOutput', 'Plan', 'SpecDecoder', 'compare_methods',
+           'methods_markdown', 'continuation', 'teacher_forced_rows']
 
 # %% ../nbs/api/08_engine.ipynb #66171767
 import time
@@ -170,13 +170,37 @@ def _check_cap(name, value, context=1 << 30):
         raise ValueError(f"{name} must be an integer between 1 and {hi} draft tokens{why}, got {value!r}")
     return n
 
+@dataclass
+class Plan:
+    """How a decoder runs its step on the machine at hand, apart from what the user decides (method, budget, sampling):
+    chosen when the decoder is made, shown as `decoder.plan`, and overridden in one place, `SpecDecoder(..., plan=dict(...))`."""
+    small_linear: bool = True   # few-row products on the C++ kernel of 06a_small_linear where it measured faster (CPU, float32: `product_choice`); False: PyTorch's
+    compile: bool = False       # the step compiled by inductor before its capture (07e's `step_runner`), on PyTorch's products
+    read_late: bool = False     # each step read after the next one is queued (the default on CUDA); else each read at once
+    choose: str = 'steps'       # budget='auto': 'steps', the setting chosen step by step from the decoder's own steps (off CUDA), or 'probe', measured on the first call (on CUDA, and compiled)
+
+def _plan(target, given):
+    "The decoder's `Plan`: the defaults of the target's device, then `given` (a dict of `Plan`'s fields, or a `Plan`), checked."
+    if isinstance(given, Plan): given = vars(given)
+    if given is not None and not isinstance(given, dict): raise ValueError(f"plan must be a dict of Plan's fields or a Plan, got {type(given).__name__}")
+    given = dict(given or {})
+    bad = sorted(set(given) - set(Plan.__dataclass_fields__))
+    if bad: raise ValueError(f"plan takes {', '.join(Plan.__dataclass_fields__)}, not {', '.join(bad)}")
+    for k in ('small_linear', 'compile', 'read_late'):
+        if k in given and not isinstance(given[k], bool): raise ValueError(f"plan's {k} must be True or False, got {given[k]!r}")
+    if given.get('choose', 'steps') not in ('steps', 'probe'): raise ValueError(f"plan's choose must be 'steps' or 'probe', got {given['choose']!r}")
+    cuda = input_device(target).type == 'cuda'
+    compiled = given.get('compile', False)
+    if compiled and given.get('choose') == 'steps': raise ValueError("plan: a compiled step probes its settings (choose='probe'): choosing step by step would compile every setting")
+    if compiled and given.get('small_linear'): raise ValueError("plan: a compiled step runs PyTorch's products (small_linear=False): inductor cannot trace the kernel")
+    return Plan(**(dict(small_linear=not compiled, read_late=cuda, choose='probe' if cuda or compiled else 'steps') | given))
+
 class SpecDecoder:
     "Speculative decoding of a Hugging Face target with a draft of the same vocabulary (a causal LM or a `FeatureHead`), with a builder of `DEVICE_METHODS`."
     def __init__(self, target, draft=None, method='dyspec',
                  budget='auto',      # draft tokens per step: 'auto' (chosen from the steps' measured rates, DySpec's builders) or an integer
-                 small_linear=True,  # few-row products on the C++ kernel of 06a_small_linear (CPU, float32) where it pays; False: PyTorch's
                  max_budget=None,    # budget='auto' only: the cap on draft tokens per step (default AUTO_CAP)
-                 compile=False,      # the step compiled by inductor before its capture (07e's `step_runner`), on PyTorch's products; with budget='auto', only the setting the first call keeps
+                 plan=None,          # how the step runs (a dict of `Plan`'s fields): by default the target device's
                  **options):         # `options` go to the builder
         if method != 'autoregressive' and method not in BUILDERS:
             raise ValueError(f"unknown method {method!r}: choose one of {', '.join(METHODS)}")
@@ -208,22 +232,18 @@ class SpecDecoder:
                                  "that shares the target's tokenizer, or train a head for the target (dyspec train-draft --target TARGET)")
         why = _refusal(target, draft, method, budget, auto, options)
         if why: raise ValueError(why)
-        if not isinstance(compile, bool): raise ValueError(f"compile must be True or False, got {compile!r}")
-        self.target, self.draft, self.method, self.budget, self.options, self.compile = target, draft, method, budget, options, compile
-        self.small_linear = small_linear and not compile                      # compiled, the products are PyTorch's (`rows_linear`): no kernel choice to measure
-        if self.small_linear: product_choice(target, draft)                  # kernel or PyTorch per weight shape, measured once per machine (06d_cost)
+        self.plan = _plan(target, plan)
+        self.target, self.draft, self.method, self.budget, self.options = target, draft, method, budget, options
+        if self.plan.small_linear: product_choice(target, draft)             # kernel or PyTorch per weight shape, measured once per machine (06d_cost)
         self.auto = auto and method != 'autoregressive'
-        self.choosing = False
         if self.auto:                                                       # measured while decoding, not modelled
-            self.choosing = input_device(target).type != 'cuda' and not compile   # off CUDA: a setting chosen step by step from the steps' own rates (`choose_setting`)
-            self.device_settings = _device_settings(method, budget, options, logits_size(target), self.choosing)
+            self.device_settings = _device_settings(method, budget, options, logits_size(target), self.plan.choose == 'steps')
             self.device_budget, self.device_depth, self.device_rates = None, None, None
-            self.setting_runs = {}                                          # choosing: (greedy, setting) -> [tokens, seconds, steps] of its steps so far
-        self.read_late = input_device(target).type == 'cuda'                # read each step after queuing the next (CUDA); a CPU runs a step before the next begins
+            self.setting_runs = {}                                          # choosing step by step: (greedy, setting) -> [tokens, seconds, steps] of its steps so far
 
 def _budget_label(self: SpecDecoder):
     "The budget as set: 'auto (step by step among 7 settings, at most 32)' off CUDA, 'auto (16; 6 settings measured on the first call)' on CUDA ('to measure' before), or the fixed number."
-    if self.auto and self.choosing:
+    if self.auto and self.plan.choose == 'steps':
         return f"auto (step by step among {len(self.device_settings)} settings, at most {max(b for b, _ in self.device_settings)})"
     if self.auto:
         chosen = 'to measure' if self.device_budget is None else f"{self.device_budget}" + (f", depth {self.device_depth}" if self.device_depth else '')
@@ -301,12 +321,12 @@ def _device_step(self: SpecDecoder, room):
     "The decoder's `DeviceStep` (`DevicePlain`), kept from call to call; a new one with the next power of two >= `room` positions when it is too small."
     ds = getattr(self, '_device', None)
     if ds is None or ds.capacity < room:
-        if self.choosing:                                                       # every setting on one step, the last (a largest budget) its own
+        if self.plan.choose == 'steps' and self.auto:                          # every setting on one step, the last (a largest budget) its own
             (b, d), *rest = self.device_settings[::-1]
-            ds = self._device = _new_device_step(self, b, _capacity(room), d, self.compile, tuple(rest))
+            ds = self._device = _new_device_step(self, b, _capacity(room), d, self.plan.compile, tuple(rest))
         else:
             budget, depth = (self.device_budget, self.device_depth) if self.auto else (self.budget, None)
-            ds = self._device = _new_device_step(self, budget, _capacity(room), depth, self.compile)
+            ds = self._device = _new_device_step(self, budget, _capacity(room), depth, self.plan.compile)
     return ds
 
 def _choose_setting(self: SpecDecoder, greedy):
@@ -351,7 +371,7 @@ def _device_probe(self: SpecDecoder, seq, room, **step_kw):
         rates[(b, d)], steps[(b, d)] = n / (time.perf_counter() - t0), ds
     best = max(rates, key=rates.get)
     (self.device_budget, self.device_depth), self.device_rates = best, rates
-    self._device = None if self.compile else steps[best]                        # the settings are measured captured; only the one kept is compiled
+    self._device = None if self.plan.compile else steps[best]                        # the settings are measured captured; only the one kept is compiled
     return best
 
 SpecDecoder.device_step, SpecDecoder.device_probe = _device_step, _device_probe
@@ -393,17 +413,18 @@ def _decode(self: SpecDecoder, seq, max_new_tokens, sampling, draws, draft_tempe
     # no context check for the tree here (generate checks the prompt and max_new_tokens): near the end of the context a
     # tree's deeper nodes sit past it, and the lean models' rotary positions compute them, but every token emitted lies
     # inside the context and is decided by rows of nodes inside it; the rest are cut at max_new_tokens
-    late = self.read_late and not trace and len(seq) + max_new_tokens + 2 * (D + 1) + budget + 1 <= ctx   # room for the step queued past the end
+    late = self.plan.read_late and not trace and len(seq) + max_new_tokens + 2 * (D + 1) + budget + 1 <= ctx   # room for the step queued past the end
     room = len(seq) + max_new_tokens + budget + 1 + ((D + 1) + budget + 1 if late else 0)
-    if self.auto and not self.choosing and self.device_budget is None: self.device_probe(seq, room, draws=draws, draft_temperature=draft_temperature, **sampling)   # the first call measures
+    if self.auto and self.plan.choose == 'probe' and self.device_budget is None: self.device_probe(seq, room, draws=draws, draft_temperature=draft_temperature, **sampling)   # the first call measures
     ds = self.device_step(room)
     g = torch.Generator(device=ds.device)
     g.manual_seed(torch.seed() if seed is None else seed)
+    choosing = self.auto and self.plan.choose == 'steps'
     greedy, setting = sampling['temperature'] == 0, None                       # choosing: each step's setting, its rate counted after its read
     at = None                                                                   # read at once: the root's position and last step's tokens, for an eager step to size its calls
     step = lambda: ds.step(draws=draws, draft_temperature=draft_temperature, generator=g, setting=setting, at=at, **sampling)
     t0 = time.perf_counter()
-    with use_small_linear(self.target, self.small_linear), use_small_linear(self.draft, self.small_linear):
+    with use_small_linear(self.target, self.plan.small_linear), use_small_linear(self.draft, self.plan.small_linear):
         ds.start(seq)
         if not late: at = (len(seq) - 1, 1)
         stats.prefill = time.perf_counter() - t0
@@ -416,10 +437,10 @@ def _decode(self: SpecDecoder, seq, max_new_tokens, sampling, draws, draft_tempe
                 k, n, depth, *toks = _finish_read(pending)
                 pending = queued
             else:
-                if self.choosing: setting = self.choose_setting(greedy)
+                if choosing: setting = self.choose_setting(greedy)
                 k, n, depth, *toks = step().tolist()                            # the step's one read
                 at = (at[0] + k, k)
-                if self.choosing: self.count_setting(greedy, setting, k, time.perf_counter() - t0)
+                if choosing: self.count_setting(greedy, setting, k, time.perf_counter() - t0)
             out = _until_eos(toks[:k], eos, max_new_tokens - len(new))
             root = new[-1] if new else seq[-1]
             new += out

@@ -115,7 +115,7 @@ def _():
     p = s['prompts'][0]
     for label, dec in (('device dyspec b8', SpecDecoder(target, head, 'dyspec', budget=8)),
                        ('device autoregressive', SpecDecoder(target, None, 'autoregressive'))):
-        dec.read_late = False                                                   # the read that synchronises, counted as before (a late read waits on an event)
+        dec.plan.read_late = False                                              # the read that synchronises, counted as before (a late read waits on an event)
         dec.generate(p, max_new_tokens=NEW)                                     # warm: graphs captured
         (a, na), (b_, nb) = count_syncs(lambda: dec.generate(p, max_new_tokens=NEW)), count_syncs(lambda: dec.generate(p, max_new_tokens=16))
         if na is not None: res[f'{label}: syncs per step'] = dict(long=[na, a.stats.steps], short=[nb, b_.stats.steps], per_step=(na - nb) / max(1, a.stats.steps - b_.stats.steps))
@@ -156,7 +156,7 @@ def table(dt, extra=(), keep=None, compiled=False):
         o = o[0] if o else {}
         calls[f"{m} b{b}{''.join(f' {k} {v}' for k, v in o.items())}, device"] = engine(SpecDecoder(target, head, m, budget=b, **o))
     calls['dyspec default, device'] = engine(SpecDecoder(target, head, 'dyspec', budget='auto'))   # budget measured on the first call
-    at_once = SpecDecoder(target, head, 'dyspec', budget=32); at_once.read_late = False   # the device rows read a step late on CUDA
+    at_once = SpecDecoder(target, head, 'dyspec', budget=32); at_once.plan.read_late = False   # the device rows read a step late on CUDA
     calls['dyspec b32, device, read at once'] = engine(at_once)
     eager = SpecDecoder(target, head, 'dyspec', budget=8)                       # the step uncaptured: its launches, one read
     eager._device = DeviceStep(target, head, 'dyspec', 8, capacity=1024, graphs=False)
@@ -165,7 +165,7 @@ def table(dt, extra=(), keep=None, compiled=False):
         # On the CPU (a dry run) only plain decoding: compiling a tree step there takes minutes. The default probes its
         # budgets captured, then compiles the one it keeps
         for m, b in (('autoregressive', 0), ('dyspec', 'auto'), ('chain', 4), ('dyspec', 16)) if CUDA else (('autoregressive', 0),):
-            dec = SpecDecoder(target, head if b else None, m, **({'budget': b} if b else {}), compile=True)
+            dec = SpecDecoder(target, head if b else None, m, **({"budget": b} if b else {}), plan=dict(compile=True))
             calls[f"{'engine autoregressive' if not b else 'dyspec default' if b == 'auto' else f'{m} b{b}'}, device compiled"] = engine(dec)
     if keep is not None: calls = {k: c for k, c in calls.items() if k in keep or k in dict(extra) or k == 'target.generate'}
     longest = max(prompts, key=lambda p: p.shape[1])
