@@ -568,9 +568,9 @@ def cuda_notebooks(nbs='nbs'):
         return any(c['cell_type'] == 'code' and ''.join(c['source']).lstrip().startswith('#| cuda') for c in cells)
     return sorted(p for p in Path(nbs).rglob('*.ipynb') if has_cuda(p))
 
-def _table_failures(script, record, t0):
-    "What went wrong in the GPU table's run, from its record (none: []); the sections it had no time for are said on standard error."
-    if not record.exists() or record.stat().st_mtime < t0: return [f"{script} (it wrote no {record})"]
+def _table_failures(script, record, before):
+    "What went wrong in the GPU table's run, from its record (none: []), `before` the record's modification time (ns) before the run, None if it had none; the sections it had no time for are said on standard error."
+    if not record.exists() or record.stat().st_mtime_ns == before: return [f"{script} (it wrote no {record})"]
     sections = json.loads(record.read_text()).get('sections', {})
     skipped = [k for k, v in sections.items() if 'skipped' in v]
     if skipped: print(f"{script}: no time left for {', '.join(skipped)} (give more --seconds)", file=sys.stderr)
@@ -590,10 +590,11 @@ def gpu_check(nbs='nbs', results='results', cuda=None, run=subprocess.run, secon
     if not script.is_file(): raise RuntimeError(f"no {script}: run dyspec gpu-check from the project root")
     todo = cuda_notebooks(nbs) if cells else []
     if cells and not todo: raise RuntimeError(f"no notebook in {nbs!r} has a #| cuda cell")
+    before = {p: p.stat().st_mtime_ns for p in Path(results).glob('*_gpu.json')}   # what the run must write anew (a file's clock may lag time.time())
     t0 = time.time()
     print(f"running {script} (at most about {seconds:g} s) ...", file=sys.stderr)
     rc = run([sys.executable, str(script)], env=dict(os.environ, BUDGET_S=str(seconds), OUT=str(results))).returncode
-    failed = [str(script)] if rc else _table_failures(script, Path(results) / GPU_RECORD, t0)
+    failed = [str(script)] if rc else _table_failures(script, Path(results) / GPU_RECORD, before.get(Path(results) / GPU_RECORD))
     print(f"{script}: {'failed' if failed else 'done'} in {time.time() - t0:.0f} s", file=sys.stderr)
     for nb in todo:                                  # every notebook, also after a failure: one run says all that fails
         print(f"running the GPU cells of {nb} ...", file=sys.stderr)
@@ -601,6 +602,6 @@ def gpu_check(nbs='nbs', results='results', cuda=None, run=subprocess.run, secon
         print(f"{nb}: {'failed' if rc else 'passed'} in {time.time() - t:.0f} s ({time.time() - t0:.0f} s in all)", file=sys.stderr)
         if rc: failed.append(str(nb))
     if failed: raise RuntimeError(f"{', '.join(failed)} failed (the output above says where)")
-    written = sorted(p for p in Path(results).glob('*_gpu.json') if p.stat().st_mtime >= t0)
+    written = sorted(p for p in Path(results).glob('*_gpu.json') if before.get(p) != p.stat().st_mtime_ns)
     if not written: raise RuntimeError(f"the GPU run passed but wrote no {results}/*_gpu.json")
     return written
