@@ -464,9 +464,12 @@ class DeviceStep:
                                weights=self.weights)[0]
 
     def _rows(self, out, temperature, support=0):
-        "The draft's rows FloatTensor[q, V] of a call's output `out` (`_draft`'s); with `support`, each row's `support` most probable tokens only, renormalised."
-        logits = self.draft.full_logits(self.draft.reduced_logits(out)) if self.features else out
-        return sampling_probs(logits.float(), temperature=temperature, top_k=support)
+        """The draft's rows FloatTensor[q, V] of a call's output `out` (`_draft`'s); with `support`, each row's `support` most
+        probable tokens only, renormalised. A head's rows are made over its reduced vocabulary (R tokens) and then set at
+        their token ids, zero elsewhere: the rows `full_logits` would give, without a softmax and a top-k over all V."""
+        if not self.features: return sampling_probs(out.float(), temperature=temperature, top_k=support)
+        rows = sampling_probs(self.draft.reduced_logits(out).float(), temperature=temperature, top_k=support)   # [q, R]
+        return rows.new_zeros(rows.shape[0], self.V).scatter_(-1, self.draft.vocab_ids.expand_as(rows), rows)     # [q, V]
 
     def support(self, K):
         """Random draws without replacement of K children come from each draft row's `DRAW_SUPPORT` most probable tokens
