@@ -72,7 +72,7 @@ def generate_text(dec, tokenizer, messages, max_new_tokens=128, temperature=0.0,
     text = stream.end()                                                # the text is the tokens' decoding, whatever streamed
     out.write('\n'); out.flush()
     s = res.stats
-    tag = ', compiled' if getattr(dec, 'compile', False) else ''
+    tag = ', compiled' if dec.plan.compile else ''
     line = (f"[{dec.method}, budget {dec.budget_label}{tag}] {s.new_tokens} tokens in {s.steps} steps: "
             f"{s.accepted_per_step:.2f} accepted draft tokens/step, {1e3 * s.seconds_per_token:.1f} ms/token")
     base = None

@@ -469,7 +469,7 @@ class DeviceStep:
         their token ids, zero elsewhere: the rows `full_logits` would give, without a softmax and a top-k over all V."""
         if not self.features: return sampling_probs(out.float(), temperature=temperature, top_k=support)
         rows = sampling_probs(self.draft.reduced_logits(out).float(), temperature=temperature, top_k=support)   # [q, R]
-        return rows.new_zeros(rows.shape[0], self.V).scatter_(-1, self.draft.vocab_ids.expand_as(rows), rows)     # [q, V]
+        return self.draft.full_logits(rows, fill=0.0)                                                           # [q, V]
 
     def support(self, K):
         """Random draws without replacement of K children come from each draft row's `DRAW_SUPPORT` most probable tokens

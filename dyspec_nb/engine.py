@@ -49,12 +49,13 @@ class StepTrace:
     accepted: list              # accepted node indices, root first: [0, ...]
     emitted: list               # token ids the step emitted
 
-def _trace(tree, q, p, nodes, out):
-    "The `StepTrace` of one step (q, p: FloatTensor[n, V] draft and target rows of every node)."
-    par = tree.parents.clamp(min=0)
-    dp, tp = q[par, tree.tokens], p[par, tree.tokens]            # [n]
-    dp[0] = tp[0] = 1.0
-    return StepTrace(tree, dp, tp, [0] + list(nodes), list(out))
+    @classmethod
+    def of(cls, tree, q, p, nodes, out):
+        "The trace of a step from its tree, the draft's and the target's rows of every node (q, p: FloatTensor[n, V]), the accepted nodes after the root and the emitted tokens."
+        par = tree.parents.clamp(min=0)
+        dp, tp = q[par, tree.tokens], p[par, tree.tokens]            # [n]
+        dp[0] = tp[0] = 1.0
+        return cls(tree, dp, tp, [0] + list(nodes), list(out))
 
 @dataclass
 class GenerationStats:
@@ -243,7 +244,7 @@ class SpecDecoder:
 
 def _budget_label(self: SpecDecoder):
     "The budget as set: 'auto (step by step among 7 settings, at most 32)' off CUDA, 'auto (16; 6 settings measured on the first call)' on CUDA ('to measure' before), or the fixed number."
-    if self.auto and self.plan.choose == 'steps':
+    if self.choosing:
         return f"auto (step by step among {len(self.device_settings)} settings, at most {max(b for b, _ in self.device_settings)})"
     if self.auto:
         chosen = 'to measure' if self.device_budget is None else f"{self.device_budget}" + (f", depth {self.device_depth}" if self.device_depth else '')
@@ -251,6 +252,7 @@ def _budget_label(self: SpecDecoder):
     return str(self.budget)
 
 SpecDecoder.budget_label = property(_budget_label)
+SpecDecoder.choosing = property(lambda self: self.auto and self.plan.choose == 'steps', doc="budget='auto' chosen step by step (`choose_setting`)")
 
 # %% ../nbs/api/08_engine.ipynb #959d15a2
 PROBE_EVERY = 8          # budget='auto' off CUDA: every this many steps, one goes to a neighbour of the best setting (`choose_setting`)
@@ -321,7 +323,7 @@ def _device_step(self: SpecDecoder, room):
     "The decoder's `DeviceStep` (`DevicePlain`), kept from call to call; a new one with the next power of two >= `room` positions when it is too small."
     ds = getattr(self, '_device', None)
     if ds is None or ds.capacity < room:
-        if self.plan.choose == 'steps' and self.auto:                          # every setting on one step, the last (a largest budget) its own
+        if self.choosing:                                                       # every setting on one step, the last (a largest budget) its own
             (b, d), *rest = self.device_settings[::-1]
             ds = self._device = _new_device_step(self, b, _capacity(room), d, self.plan.compile, tuple(rest))
         else:
@@ -399,7 +401,7 @@ def _device_trace(ds, root, k, out, sampling):
     if not hasattr(ds, 'last_tree'): tree, q = TokenTree([root], [-1]), None   # plain decoding: the root alone
     else: tree, q = ds.last_tree.to_host()                                     # [n] nodes, q [n, V]
     p = sampling_probs(ds.last_logits[:tree.n].float().cpu(), **sampling)     # [n, V]
-    return _trace(tree, torch.zeros_like(p) if q is None else q.float(), p, ds.last_path[1:k].tolist() if q is not None else [], out)
+    return StepTrace.of(tree, torch.zeros_like(p) if q is None else q.float(), p, ds.last_path[1:k].tolist() if q is not None else [], out)
 
 def _decode(self: SpecDecoder, seq, max_new_tokens, sampling, draws, draft_temperature, seed, eos, emit, stats, trace=False):
     """`generate`'s loop: one `DeviceStep.step` (or `DevicePlain.step`) and one read back to the host per step; the new
@@ -419,7 +421,6 @@ def _decode(self: SpecDecoder, seq, max_new_tokens, sampling, draws, draft_tempe
     ds = self.device_step(room)
     g = torch.Generator(device=ds.device)
     g.manual_seed(torch.seed() if seed is None else seed)
-    choosing = self.auto and self.plan.choose == 'steps'
     greedy, setting = sampling['temperature'] == 0, None                       # choosing: each step's setting, its rate counted after its read
     at = None                                                                   # read at once: the root's position and last step's tokens, for an eager step to size its calls
     step = lambda: ds.step(draws=draws, draft_temperature=draft_temperature, generator=g, setting=setting, at=at, **sampling)
@@ -437,10 +438,10 @@ def _decode(self: SpecDecoder, seq, max_new_tokens, sampling, draws, draft_tempe
                 k, n, depth, *toks = _finish_read(pending)
                 pending = queued
             else:
-                if choosing: setting = self.choose_setting(greedy)
+                if self.choosing: setting = self.choose_setting(greedy)
                 k, n, depth, *toks = step().tolist()                            # the step's one read
                 at = (at[0] + k, k)
-                if choosing: self.count_setting(greedy, setting, k, time.perf_counter() - t0)
+                if self.choosing: self.count_setting(greedy, setting, k, time.perf_counter() - t0)
             out = _until_eos(toks[:k], eos, max_new_tokens - len(new))
             root = new[-1] if new else seq[-1]
             new += out

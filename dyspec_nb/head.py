@@ -155,9 +155,9 @@ class FeatureHead(nn.Module):
         return self.inp(torch.cat([self.norm_e(self._embed(ids).to(feats.dtype)), self.norm_f(feats)], -1))
 
     def reduced_logits(self, g): return self.lm(self.norm(g))                      # [..., H] -> [..., K]
-    def full_logits(self, reduced):
-        "FloatTensor[..., V]: `reduced` [..., K] at their token ids, minus infinity elsewhere."
-        out = reduced.new_full((*reduced.shape[:-1], self.config.vocab_size), float('-inf'))
+    def full_logits(self, reduced, fill=float('-inf')):
+        "FloatTensor[..., V]: `reduced` [..., K] at their token ids, `fill` elsewhere (minus infinity for logits; 0 for probabilities over the K tokens)."
+        out = reduced.new_full((*reduced.shape[:-1], self.config.vocab_size), fill)
         return out.scatter_(-1, self.vocab_ids.expand_as(reduced), reduced)
 
     def forward(self, input_ids, position_ids, attention_mask, past_key_values=None, use_cache=True, features=None, logits_to_keep=None, lean=None, **kw):

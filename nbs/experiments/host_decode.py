@@ -42,13 +42,8 @@ def host_decode(target, draft, build, budget, prompt, new_tokens, temperature=0.
         keep_positions(tcache, torch.cat([torch.arange(L - 1), L - 1 + path]))
         if head: dcache.add_features(feats[path], L - 1)
         session.keep_path(tree.tokens[nodes].tolist())
-        tr = None
-        if trace:                                                               # each node's q and p given its parent
-            par = tree.parents.clamp(min=0)
-            dp, tp = q[par, tree.tokens], p[par, tree.tokens]
-            dp[0] = tp[0] = 1.0
-            tr = StepTrace(tree, dp, tp, [0] + list(nodes), list(emitted))
-        stats.records.append(StepRecord(tree_size=tree.n - 1, depth=tree.depth, accepted=min(len(nodes), len(emitted)), emitted=len(emitted), trace=tr))
+        stats.records.append(StepRecord(tree_size=tree.n - 1, depth=tree.depth, accepted=min(len(nodes), len(emitted)), emitted=len(emitted),
+                                        trace=StepTrace.of(tree, q, p, nodes, emitted) if trace else None))
         seq += emitted
         if emitted[-1] in eos: break
     return seq[n0:], stats
