@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['DRAW_SUPPORT', 'DEVICE_METHODS', 'FIXED_SHAPES', 'STEP_RECOMPILES', 'MAX_STEP_BUDGET', 'PHASES', 'ancestors',
            'rank_order', 'DeviceTree', 'gumbel_noise', 'inverse_cdf', 'draw_children', 'pool_size', 'frontier_tree',
-           'pack_tree', 'fixed_shape', 'shape_plan', 'shape_tree', 'sibling_rank', 'greedy_verify', 'sample_verify',
+           'pack_tree', 'fixed_shape', 'shape_frame', 'shape_tree', 'sibling_rank', 'greedy_verify', 'sample_verify',
            'frontier_shape', 'adapt_threshold', 'step_options', 'device_shape', 'graph_step', 'step_runner',
            'PhaseClock', 'DeviceStep', 'DevicePlain']
 
@@ -67,7 +67,7 @@ def inverse_cdf(weights, u):
     return torch.searchsorted(cdf, (u * cdf[..., -1:]).contiguous(), right=True).clamp(max=weights.shape[-1] - 1)
 
 def draw_children(rows, K, mode, noise=None):
-    """`(p, y)` [w, K]: K children of each row of `rows` [w, V] (probabilities) in draw order, and their probabilities: the
+    """`(prob, y)` [w, K]: K children of each row of `rows` [w, V] (probabilities) in draw order, and their probabilities: the
     top tokens (`mode` DETERMINISTIC), an ordered sample without replacement by Gumbel-top-K (WITHOUT_REPLACEMENT, `noise`
     Gumbel [w, V], or [w, S] over each row's S most probable tokens when the rows are zero outside them) or K independent
     draws (WITH_REPLACEMENT, `noise` uniforms [w, K])."""
@@ -120,19 +120,19 @@ def frontier_tree(root_token, expand, N, W, K, D, *,
         rows_all[r0:r0 + w] = rows
         rowof[slots] = torch.where(live, torch.arange(r0, r0 + w, device=dev), rowof[slots])
         opened[slots] = opened[slots] | live
-        p, y = draw_children(rows, K, mode, None if noise is None else noise[t, :w])   # [w, K]
+        prob, y = draw_children(rows, K, mode, None if noise is None else noise[t, :w])   # [w, K]
         vs = val[slots][:, None]                                                     # [w, 1]: the expanded nodes' values
-        v = vs * p                                                                   # [w, K]: each child's value
-        ok = live[:, None] & (p > 0)                                                 # [w, K]
+        v = vs * prob                                                                # [w, K]: each child's value
+        ok = live[:, None] & (prob > 0)                                              # [w, K]
         if noise is not None or torch.is_tensor(threshold) or threshold > 0:         # top draws with no threshold never read the mass
-            mass = vs * (1 - (p.cumsum(-1) - p) / rows.sum(-1, keepdim=True)).clamp(min=0)   # [w, K]: the mass left at each slot
+            mass = vs * (1 - (prob.cumsum(-1) - prob) / rows.sum(-1, keepdim=True)).clamp(min=0)   # [w, K]: the mass left at each slot
             ok = ok & (mass >= threshold)
-        k = v if noise is None else mass                                             # a top draw's slot is worth its token; a random one, its mass
+        score = v if noise is None else mass                                         # a top draw's slot is worth its token; a random one, its mass
         c0 = 1 if t == 0 else 1 + K + (t - 1) * W * K
         idx = torch.arange(c0, c0 + w * K, device=dev)                               # [w K]: the new candidates
         pi = slots[:, None].expand(w, K).reshape(-1)                                 # [w K]: each new candidate's parent
         tok[idx], par[idx], dep[idx] = y.flatten(), pi, dep[pi] + 1; layer.index_fill_(0, idx, t + 1)
-        val[idx], key[idx], exists[idx] = v.flatten(), k.flatten(), ok.flatten()
+        val[idx], key[idx], exists[idx] = v.flatten(), score.flatten(), ok.flatten()
         anc[idx] = anc[pi]; anc[idx, idx] = torch.ones_like(idx, dtype=torch.bool)
         if delta is not None:                                                        # E: the best N - 1 values' sum, OPT-Tree's estimate
             e = torch.where(exists, val, 0.0)[1:].double().topk(min(N - 1, M)).values.sum()
@@ -168,16 +168,16 @@ def fixed_shape(method, budget, vocab, k=None, depth=None, acceptance=None, max_
     k, depth = specinfer_sizes(budget, k, depth)
     return [-1] + [0] * k + [i for d in range(1, depth) for i in range((d - 1) * k + 1, d * k + 1)]
 
-def shape_plan(parents, N, device='cpu'):
-    """The plan of a fixed shape (`parents`, BFS order) in a pool of N + 1 entries (nodes past the shape never exist; entry
+def shape_frame(parents, N, device='cpu'):
+    """The frame of a fixed shape (`parents`, BFS order) in a pool of N + 1 entries (nodes past the shape never exist; entry
     N is the scratch): a dict of device tensors made once, outside any step: `parents`, `depth` LongTensor[N + 1],
     `ancestors` BoolTensor[N + 1, N + 1], and per depth t, `levels[t] = (slots LongTensor[w_t], kids LongTensor[w_t, K])`:
     the nodes of depth t that have children and their children in order, padded with the scratch; `K` the most children."""
     n = len(parents)
-    if not 1 <= n <= N or parents[0] != -1 or any(not 0 <= q < i for i, q in enumerate(parents[1:], 1)):
+    if not 1 <= n <= N or parents[0] != -1 or any(not 0 <= par < i for i, par in enumerate(parents[1:], 1)):
         raise ValueError(f"a shape is a parents list of 1 to {N} nodes in BFS order, -1 at the root")
     kids = [[] for _ in range(n)]
-    for i, q in enumerate(parents[1:], 1): kids[q].append(i)
+    for i, par in enumerate(parents[1:], 1): kids[par].append(i)
     depth = [0] * n
     for i in range(1, n): depth[i] = depth[parents[i]] + 1
     K = max(1, max(map(len, kids)))
@@ -189,21 +189,21 @@ def shape_plan(parents, N, device='cpu'):
     anc = ancestors(par)
     return dict(parents=par, depth=anc.sum(1) - 1, ancestors=anc, levels=levels, K=K, W=max(len(s) for s, _ in levels) if levels else 1, D=len(levels), N=N)
 
-def shape_tree(root_token, expand, plan, mode, noise=None):
-    """A `DeviceTree` of the fixed shape `plan` (`shape_plan`), filled level by level: one `expand(pool, slots, t)` call
+def shape_tree(root_token, expand, frame, mode, noise=None):
+    """A `DeviceTree` of the fixed shape `frame` (`shape_frame`), filled level by level: one `expand(pool, slots, t)` call
     per depth (as `frontier_tree`'s) for that depth's nodes with children, each node's c children its row's top c tokens
     (`mode` DETERMINISTIC), an ordered sample without replacement (WITHOUT_REPLACEMENT, `noise` the Gumbel noise
     FloatTensor[D, W, V]) or c independent draws (WITH_REPLACEMENT, `noise` uniforms FloatTensor[D, W, K]). A child of
     probability 0 is left out with its subtree."""
-    N, K = plan['N'], plan['K']
-    dev = plan['parents'].device
+    N, K = frame['N'], frame['K']
+    dev = frame['parents'].device
     tok = torch.zeros(N + 1, dtype=torch.long, device=dev); tok[0] = root_token      # [N + 1]
     val = torch.zeros(N + 1, device=dev); val[0].fill_(1.0)                          # [N + 1]: each node's path probability under the draft
     valid = torch.zeros(N + 1, dtype=torch.bool, device=dev); valid[0].fill_(True)   # [N + 1]
     rowof = torch.full((N + 1,), -1, dtype=torch.long, device=dev)                   # [N + 1]: each expanded node's row in rows_all
     rows_list, r0 = [], 0
-    for t, (slots, kids) in enumerate(plan['levels']):
-        pool = dict(tokens=tok, parents=plan['parents'], depth=plan['depth'], ancestors=plan['ancestors'], valid=valid)
+    for t, (slots, kids) in enumerate(frame['levels']):
+        pool = dict(tokens=tok, parents=frame['parents'], depth=frame['depth'], ancestors=frame['ancestors'], valid=valid)
         rows = expand(pool, slots, t).float()                                       # [w, V]
         w = rows.shape[0]
         p, y = draw_children(rows, K, mode, None if noise is None else noise[t, :w])   # [w, K]
@@ -212,7 +212,7 @@ def shape_tree(root_token, expand, plan, mode, noise=None):
         valid[c] = (valid[slots][:, None] & (p > 0)).flatten(); valid[N].fill_(False)
         rowof[slots] = torch.arange(r0, r0 + w, device=dev); rows_list.append(rows); r0 += w
     rows_all = torch.cat(rows_list) if rows_list else torch.zeros(1, 1, device=dev)
-    return pack_tree(tok, plan['parents'], valid, val, rows_all, rowof, N, mode)
+    return pack_tree(tok, frame['parents'], valid, val, rows_all, rowof, N, mode)
 
 # %% ../nbs/api/07e_device_step.ipynb #a71c2ef8
 def sibling_rank(tree):
@@ -331,23 +331,23 @@ def device_shape(method, budget, vocab, width=None, children=None, depth=None, k
         return (*frontier_shape(method, budget, width, children, depth), None)
     if width is not None or children is not None: raise ValueError(f"{method}'s shape is fixed: it takes no width= or children=")
     parents = fixed_shape(method, budget, vocab, k, depth, acceptance, max_depth)
-    plan = shape_plan(parents, budget + 1)
-    return plan['W'], plan['K'], plan['D'], parents
+    frame = shape_frame(parents, budget + 1)
+    return frame['W'], frame['K'], frame['D'], parents
 
-def graph_step(step, key, inputs, run, state):
-    """`run(**inputs)`, one step of `step` (a `DeviceStep` or `DevicePlain`) in its `graphs` mode: at once when eager;
-    else on buffers kept per `key` (what a graph bakes in) in `step.runs`, `inputs` (tensors or None) copied in, as a CUDA
+def graph_step(stepper, key, inputs, run, state):
+    """`run(**inputs)`, one step of `stepper` (a `DeviceStep` or `DevicePlain`) in its `graphs` mode: at once when eager;
+    else on buffers kept per `key` (what a graph bakes in) in `stepper.runs`, `inputs` (tensors or None) copied in, as a CUDA
     graph captured on first use (its warm-up runs undo what a step changes in place, the tensors `state`) or its CPU
     stand-in ('emulate'). A capture records the step without running it."""
-    if step.graphs is False: return run(**inputs)
-    buf = step.runs.get(key)
-    if buf is None: buf = step.runs[key] = dict(inputs, graph=None, out=None)
+    if stepper.graphs is False: return run(**inputs)
+    buf = stepper.runs.get(key)
+    if buf is None: buf = stepper.runs[key] = dict(inputs, graph=None, out=None)
     else:
         for name, x in inputs.items():
             if x is not None: buf[name].copy_(x)
-    saved = [t.clone() for t in state] if buf['graph'] is None and step.graphs is True else None
+    saved = [t.clone() for t in state] if buf['graph'] is None and stepper.graphs is True else None
     reset = lambda: [t.copy_(v) for t, v in zip(state, saved)]
-    return run_bucket(step.graphs, buf, lambda: run(**{n: buf[n] for n in inputs}), step.device, reset)
+    return run_bucket(stepper.graphs, buf, lambda: run(**{n: buf[n] for n in inputs}), stepper.device, reset)
 
 STEP_RECOMPILES = 64     # settings (a step's key, on each instance's shapes) compiled per process before torch.compile gives up
 
@@ -402,11 +402,11 @@ class DeviceStep:
         self.threshold, self.fill, self.delta = step_options(method, budget, threshold, fill, delta)
         self.capacity, self.device = capacity, input_device(target)
         self.N = budget + 1
-        self.plan = None if parents is None else shape_plan(parents, self.N, self.device)   # a fixed shape: its pool is the tree's N slots
-        self.M = self.N if self.plan else pool_size(self.W, self.K, self.D)
+        self.frame = None if parents is None else shape_frame(parents, self.N, self.device)   # a fixed shape: its pool is the tree's N slots
+        self.M = self.N if self.frame else pool_size(self.W, self.K, self.D)
         self.setting = (budget, depth)                                               # the step's own setting, then the others it runs
         self.shapes = {self.setting: (self.N, self.W, self.K, self.D, self.M, self.threshold)}   # setting -> (N, W, K, D, M, threshold)
-        if settings and self.plan is not None: raise ValueError(f"{method}'s shape is fixed: it runs one setting")
+        if settings and self.frame is not None: raise ValueError(f"{method}'s shape is fixed: it runs one setting")
         for b, d in settings:
             if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= budget: raise ValueError(f"a setting's budget must be an integer from 1 to the step's ({budget}), got {b!r}")
             W, K, D, _ = device_shape(method, b, self.V, None if width is None else min(width, b), None if children is None else min(children, b), d)
@@ -454,8 +454,8 @@ class DeviceStep:
         self.emitted.fill_(-1); self.emitted[0] = prompt[-1]
 
     def _draft(self, ids, pos, allowed, feats=None, slots=None, rows=None):
-        """One draft call on q rows (ids, pos LongTensor[q]) written at `slots` (default: their positions), seeing `allowed`
-        BoolTensor[q, C]: a head's output features [q, H] (it reads `feats` [q, H]), or a token draft's logits [q, V]
+        """One draft call on w rows (ids, pos LongTensor[w]) written at `slots` (default: their positions), seeing `allowed`
+        BoolTensor[w, C]: a head's output features [w, H] (it reads `feats` [w, H]), or a token draft's logits [w, V]
         (with `rows`, LongTensor[r] or a slice, of those rows only: [r, V])."""
         slots = pos if slots is None else slots
         if not self.features: return static_forward(self.draft, self.dcache, dict(ids=ids, pos=pos, slots=slots, mask=additive_mask(allowed, self.draft.dtype)), rows)[0]
@@ -464,12 +464,12 @@ class DeviceStep:
                                weights=self.weights)[0]
 
     def _rows(self, out, temperature, support=0):
-        """The draft's rows FloatTensor[q, V] of a call's output `out` (`_draft`'s); with `support`, each row's `support` most
+        """The draft's rows FloatTensor[w, V] of a call's output `out` (`_draft`'s); with `support`, each row's `support` most
         probable tokens only, renormalised. A head's rows are made over its reduced vocabulary (R tokens) and then set at
         their token ids, zero elsewhere: the rows `full_logits` would give, without a softmax and a top-k over all V."""
         if not self.features: return sampling_probs(out.float(), temperature=temperature, top_k=support)
-        rows = sampling_probs(self.draft.reduced_logits(out).float(), temperature=temperature, top_k=support)   # [q, R]
-        return self.draft.full_logits(rows, fill=0.0)                                                           # [q, V]
+        rows = sampling_probs(self.draft.reduced_logits(out).float(), temperature=temperature, top_k=support)   # [w, R]
+        return self.draft.full_logits(rows, fill=0.0)                                                           # [w, V]
 
     def support(self, K):
         """Random draws without replacement of K children come from each draft row's `DRAW_SUPPORT` most probable tokens
@@ -518,15 +518,15 @@ class DeviceStep:
 
     def run(self, noise, u, temperature=0.0, top_p=1.0, top_k=0, draft_temperature=0.6, setting=None, at=None):
         "`step` on the given random numbers (`randomness`), sized to `at` if given: tensor code only, what a CUDA graph captures or `torch.compile` compiles."
-        draft, dev, L = self.draft, self.device, self.D                             # L: the layout's depth, at least the setting's D
+        draft, dev, Dmax = self.draft, self.device, self.D                          # Dmax: the layout's depth, at least the setting's D
         N, W, K, D, M, threshold = self.shape_of(setting)
         budget = N - 1
         tick = self.clock.tick; self.clock.start()
-        r, k = self.r.clone(), self.k.clone()                                        # [1] each: the state is updated in place at the end
+        r, k_last = self.r.clone(), self.k.clone()                                   # [1] each: the state is updated in place at the end
         gfeat = torch.zeros(M + 1, draft.config.hidden_size, device=dev, dtype=draft.dtype) if self.features else None   # [M + 1, H]: a head's output feature per candidate
         S = self.support(K) if noise is not None and self.method != 'specinfer' else 0   # random draws without replacement: each row's support
-        C = self.C if at is None else at[0] + L + M + 1                              # the draft's slots read: all, or those in use (the pool's last at r + L + M)
-        first = L + 1 if at is None else at[1]                                       # the first call's rows: the layout's, or last step's tokens
+        C = self.C if at is None else at[0] + Dmax + M + 1                           # the draft's slots read: all, or those in use (the pool's last at r + Dmax + M)
+        first = Dmax + 1 if at is None else at[1]                                       # the first call's rows: the layout's, or last step's tokens
         cols = torch.arange(C, device=dev)
         text = (cols >= self.text_from) & (cols <= r)                                # [C]: the text and the root, seen by every tree node
         def expand(pool, slots, t):                                                  # the draft's rows, timed apart from the tree around them
@@ -534,43 +534,43 @@ class DeviceStep:
             return rows
         def call(pool, slots, t):
             if t == 0:                                                               # the first call: last step's tokens, then the root
-                pos = r - k + 1 + torch.arange(first, device=dev)                    # [first]
+                pos = r - k_last + 1 + torch.arange(first, device=dev)               # [first]
                 allowed = (cols[None] >= self.text_from) & (cols[None] <= pos[:, None])
                 ids = self.emitted[:first].clamp(min=0)
                 if not self.features:                                                # a token draft: the root's logits only, [1, V]
-                    return self._rows(self._draft(ids, pos, allowed, rows=k - 1 if at is None else slice(first - 1, first)), draft_temperature, S)
+                    return self._rows(self._draft(ids, pos, allowed, rows=k_last - 1 if at is None else slice(first - 1, first)), draft_temperature, S)
                 g = self._draft(ids, pos, allowed, draft.fuse(self.tfeat[:first]))   # [first, H]
-                gfeat[0] = g[k - 1][0]
-                return self._rows(g[k - 1], draft_temperature, S)                    # [1, V]: the root's row
+                gfeat[0] = g[k_last - 1][0]
+                return self._rows(g[k_last - 1], draft_temperature, S)                    # [1, V]: the root's row
             allowed = text[None].expand(slots.shape[0], C).clone()                   # [w, C]: the text, and each candidate's ancestors
-            allowed[:, r + L + torch.arange(1, M + 1, device=dev)] = pool['ancestors'][slots][:, 1:]
-            g = self._draft(pool['tokens'][slots], r + pool['depth'][slots], allowed, gfeat[pool['parents'][slots]] if self.features else None, r + L + slots)   # candidate j at slot r + L + j
+            allowed[:, r + Dmax + torch.arange(1, M + 1, device=dev)] = pool['ancestors'][slots][:, 1:]
+            g = self._draft(pool['tokens'][slots], r + pool['depth'][slots], allowed, gfeat[pool['parents'][slots]] if self.features else None, r + Dmax + slots)   # candidate j at slot r + Dmax + j
             if self.features: gfeat[slots] = g
             return self._rows(g, draft_temperature, S)
-        if self.plan is not None:                                                    # Sequoia's or SpecInfer's shape
+        if self.frame is not None:                                                    # Sequoia's or SpecInfer's shape
             mode = DETERMINISTIC if noise is None else WITH_REPLACEMENT if self.method == 'specinfer' else WITHOUT_REPLACEMENT
-            tree = shape_tree(self.emitted[k - 1][0], expand, self.plan, mode, noise)
+            tree = shape_tree(self.emitted[k_last - 1][0], expand, self.frame, mode, noise)
         else:
             adaptive = self.method == 'dyspec_adaptive'
-            tree = frontier_tree(self.emitted[k - 1][0], expand, N, W, K, D, noise=noise, layer_only=self.method in ('eagle2', 'opt_tree'),
+            tree = frontier_tree(self.emitted[k_last - 1][0], expand, N, W, K, D, noise=noise, layer_only=self.method in ('eagle2', 'opt_tree'),
                                  threshold=self.thr if adaptive else threshold, delta=self.delta)
             if adaptive: self.thr.copy_(adapt_threshold(self.thr, tree.valid.sum() - 1, budget, self.fill))
         tick('build')
         anc = tree.ancestor_mask(); depth = anc.sum(1) - 1                          # [N, N] (the verifier's too), [N]
-        slots, tcols = r + torch.arange(N, device=dev), torch.arange(self.tcache.k.shape[2] if at is None else at[0] + N, device=dev)   # the target's slots read
+        slots, tcols = r + torch.arange(N, device=dev), torch.arange(self.tcache.key_cache.shape[2] if at is None else at[0] + N, device=dev)   # the target's slots read
         allowed = (tcols < r)[None].expand(N, len(tcols)).clone(); allowed[:, slots] = anc
         buf = dict(ids=tree.tokens, pos=r + depth, slots=slots, mask=additive_mask(allowed, self.target.dtype)); tick('mask')
         logits, states = static_forward(self.target, self.tcache, buf); tick('target')   # [N, V], [N, 3H]
-        if temperature == 0: path, toks, n = greedy_verify(tree, logits, L)        # [L + 1] each: padded to the layout
-        else: path, toks, n = sample_verify(tree, sampling_probs(logits.float(), temperature, top_p, top_k), u, K, L)
+        if temperature == 0: path, toks, k = greedy_verify(tree, logits, Dmax)     # [Dmax + 1] each: padded to the layout; k: tokens emitted
+        else: path, toks, k = sample_verify(tree, sampling_probs(logits.float(), temperature, top_p, top_k), u, K, Dmax)
         tick('verify')
-        src, dst = r + path.clamp(min=0), r + torch.arange(L + 1, device=dev)        # the accepted path moves to the cache's end
-        for t in (self.tcache.k, self.tcache.v): t[:, :, dst] = t[:, :, src]
+        src, dst = r + path.clamp(min=0), r + torch.arange(Dmax + 1, device=dev)        # the accepted path moves to the cache's end
+        for t in (self.tcache.key_cache, self.tcache.value_cache): t[:, :, dst] = t[:, :, src]
         if self.tcache.pos is not None: self.tcache.pos[dst] = self.tcache.pos[src]   # a sliding window's positions move with them
         if self.features: self.tfeat.copy_(states[path.clamp(min=0)])
-        self.emitted.copy_(toks); self.k.copy_(n[None]); self.r.add_(n)
+        self.emitted.copy_(toks); self.k.copy_(k[None]); self.r.add_(k)
         self.last_tree, self.last_logits, self.last_path = tree, logits, path      # what a trace reads back, after the step
-        out = torch.cat([n[None], tree.valid.sum()[None] - 1, torch.where(tree.valid, depth, 0).max()[None], toks])
+        out = torch.cat([k[None], tree.valid.sum()[None] - 1, torch.where(tree.valid, depth, 0).max()[None], toks])
         tick('bookkeeping')
         return out
 
@@ -607,7 +607,7 @@ class DevicePlain:
     def run(self, noise, u, temperature=0.0, top_p=1.0, top_k=0, draft_temperature=None, at=None):
         "`step` on the given uniform, its attention over the slots in use if `at` is given: tensor code only, what a CUDA graph captures."
         self.clock.start()
-        cols = torch.arange(self.tcache.k.shape[2] if at is None else at[0] + 1, device=self.device)   # the slots read
+        cols = torch.arange(self.tcache.key_cache.shape[2] if at is None else at[0] + 1, device=self.device)   # the slots read
         buf = dict(ids=self.last, pos=self.r, slots=self.r, mask=additive_mask((cols <= self.r)[None], self.target.dtype))
         self.clock.tick('mask')
         logits, _ = static_forward(self.target, self.tcache, buf); self.clock.tick('target')   # [1, V]

@@ -321,15 +321,15 @@ def _new_device_step(self: SpecDecoder, budget, capacity, depth=None, compile=Fa
 
 def _device_step(self: SpecDecoder, room):
     "The decoder's `DeviceStep` (`DevicePlain`), kept from call to call; a new one with the next power of two >= `room` positions when it is too small."
-    ds = getattr(self, '_device', None)
-    if ds is None or ds.capacity < room:
+    stepper = getattr(self, '_device', None)
+    if stepper is None or stepper.capacity < room:
         if self.choosing:                                                       # every setting on one step, the last (a largest budget) its own
             (b, d), *rest = self.device_settings[::-1]
-            ds = self._device = _new_device_step(self, b, _capacity(room), d, self.plan.compile, tuple(rest))
+            stepper = self._device = _new_device_step(self, b, _capacity(room), d, self.plan.compile, tuple(rest))
         else:
             budget, depth = (self.device_budget, self.device_depth) if self.auto else (self.budget, None)
-            ds = self._device = _new_device_step(self, budget, _capacity(room), depth, self.plan.compile)
-    return ds
+            stepper = self._device = _new_device_step(self, budget, _capacity(room), depth, self.plan.compile)
+    return stepper
 
 def _choose_setting(self: SpecDecoder, greedy):
     """budget='auto' off CUDA: the setting of the next step, from the rates of the decoder's own steps so far (kept from
@@ -365,12 +365,12 @@ def _device_probe(self: SpecDecoder, seq, room, **step_kw):
     rates, steps = {}, {}
     for b, d in self.device_settings:
         D = d or _device_shape(self.method, b, self.options, logits_size(self.target))[2]
-        ds = _new_device_step(self, b, _capacity(max(room, len(seq) + (DEVICE_PROBE_STEPS + 1) * (D + 1) + b + 1)), d)   # room for the probe's tokens
-        g = torch.Generator(device=ds.device).manual_seed(0)
-        ds.start(seq); ds.step(generator=g, **step_kw).tolist()
-        t0, n = time.perf_counter(), 0
-        for _ in range(DEVICE_PROBE_STEPS): n += ds.step(generator=g, **step_kw).tolist()[0]
-        rates[(b, d)], steps[(b, d)] = n / (time.perf_counter() - t0), ds
+        stepper = _new_device_step(self, b, _capacity(max(room, len(seq) + (DEVICE_PROBE_STEPS + 1) * (D + 1) + b + 1)), d)   # room for the probe's tokens
+        g = torch.Generator(device=stepper.device).manual_seed(0)
+        stepper.start(seq); stepper.step(generator=g, **step_kw).tolist()
+        t0, emitted = time.perf_counter(), 0
+        for _ in range(DEVICE_PROBE_STEPS): emitted += stepper.step(generator=g, **step_kw).tolist()[0]
+        rates[(b, d)], steps[(b, d)] = emitted / (time.perf_counter() - t0), stepper
     best = max(rates, key=rates.get)
     (self.device_budget, self.device_depth), self.device_rates = best, rates
     self._device = None if self.plan.compile else steps[best]                        # the settings are measured captured; only the one kept is compiled
@@ -378,10 +378,10 @@ def _device_probe(self: SpecDecoder, seq, room, **step_kw):
 
 SpecDecoder.device_step, SpecDecoder.device_probe = _device_step, _device_probe
 
-def _read_buffers(ds):
-    "Two `(host LongTensor[D + 4], event)` pairs for reading `ds`'s steps one late: pinned memory and a CUDA event on CUDA, plain tensors and None elsewhere."
-    cuda = ds.device.type == 'cuda'
-    return [(torch.empty(ds.D + 4, dtype=torch.long, pin_memory=cuda), torch.cuda.Event() if cuda else None) for _ in range(2)]
+def _read_buffers(stepper):
+    "Two `(host LongTensor[D + 4], event)` pairs for reading `stepper`'s steps one late: pinned memory and a CUDA event on CUDA, plain tensors and None elsewhere."
+    cuda = stepper.device.type == 'cuda'
+    return [(torch.empty(stepper.D + 4, dtype=torch.long, pin_memory=cuda), torch.cuda.Event() if cuda else None) for _ in range(2)]
 
 def _start_read(out, buf):
     "Start reading a step's output `out` (LongTensor[D + 4] on the device) into `buf` (`_read_buffers`) without waiting for it: on CUDA a copy behind the step on its stream, and the event after it; `buf`."
@@ -396,12 +396,12 @@ def _finish_read(buf):
     if event is not None: event.synchronize()
     return host.tolist()
 
-def _device_trace(ds, root, k, out, sampling):
-    "The `StepTrace` of the step `ds` has just run (a `DeviceStep` or `DevicePlain`: its tree, rows and path read back), `k` tokens emitted of which `out` kept, `root` its root token."
-    if not hasattr(ds, 'last_tree'): tree, q = TokenTree([root], [-1]), None   # plain decoding: the root alone
-    else: tree, q = ds.last_tree.to_host()                                     # [n] nodes, q [n, V]
-    p = sampling_probs(ds.last_logits[:tree.n].float().cpu(), **sampling)     # [n, V]
-    return StepTrace.of(tree, torch.zeros_like(p) if q is None else q.float(), p, ds.last_path[1:k].tolist() if q is not None else [], out)
+def _device_trace(stepper, root, k, out, sampling):
+    "The `StepTrace` of the step `stepper` has just run (a `DeviceStep` or `DevicePlain`: its tree, rows and path read back), `k` tokens emitted of which `out` kept, `root` its root token."
+    if not hasattr(stepper, 'last_tree'): tree, q = TokenTree([root], [-1]), None   # plain decoding: the root alone
+    else: tree, q = stepper.last_tree.to_host()                                     # [n] nodes, q [n, V]
+    p = sampling_probs(stepper.last_logits[:tree.n].float().cpu(), **sampling)     # [n, V]
+    return StepTrace.of(tree, torch.zeros_like(p) if q is None else q.float(), p, stepper.last_path[1:k].tolist() if q is not None else [], out)
 
 def _decode(self: SpecDecoder, seq, max_new_tokens, sampling, draws, draft_temperature, seed, eos, emit, stats, trace=False):
     """`generate`'s loop: one `DeviceStep.step` (or `DevicePlain.step`) and one read back to the host per step; the new
@@ -418,36 +418,36 @@ def _decode(self: SpecDecoder, seq, max_new_tokens, sampling, draws, draft_tempe
     late = self.plan.read_late and not trace and len(seq) + max_new_tokens + 2 * (D + 1) + budget + 1 <= ctx   # room for the step queued past the end
     room = len(seq) + max_new_tokens + budget + 1 + ((D + 1) + budget + 1 if late else 0)
     if self.auto and self.plan.choose == 'probe' and self.device_budget is None: self.device_probe(seq, room, draws=draws, draft_temperature=draft_temperature, **sampling)   # the first call measures
-    ds = self.device_step(room)
-    g = torch.Generator(device=ds.device)
+    stepper = self.device_step(room)
+    g = torch.Generator(device=stepper.device)
     g.manual_seed(torch.seed() if seed is None else seed)
     greedy, setting = sampling['temperature'] == 0, None                       # choosing: each step's setting, its rate counted after its read
     at = None                                                                   # read at once: the root's position and last step's tokens, for an eager step to size its calls
-    step = lambda: ds.step(draws=draws, draft_temperature=draft_temperature, generator=g, setting=setting, at=at, **sampling)
+    run_step = lambda: stepper.step(draws=draws, draft_temperature=draft_temperature, generator=g, setting=setting, at=at, **sampling)
     t0 = time.perf_counter()
     with use_small_linear(self.target, self.plan.small_linear), use_small_linear(self.draft, self.plan.small_linear):
-        ds.start(seq)
+        stepper.start(seq)
         if not late: at = (len(seq) - 1, 1)
         stats.prefill = time.perf_counter() - t0
-        new, bufs = [], _read_buffers(ds) if late else None
-        pending = _start_read(step(), bufs[0]) if late else None
+        new, bufs = [], _read_buffers(stepper) if late else None
+        pending = _start_read(run_step(), bufs[0]) if late else None
         while len(new) < max_new_tokens:
             t0 = time.perf_counter()
             if late:                                                            # the next step queued, then this one read
-                queued = _start_read(step(), bufs[(len(stats.records) + 1) % 2])
+                queued = _start_read(run_step(), bufs[(len(stats.records) + 1) % 2])
                 k, n, depth, *toks = _finish_read(pending)
                 pending = queued
             else:
                 if self.choosing: setting = self.choose_setting(greedy)
-                k, n, depth, *toks = step().tolist()                            # the step's one read
+                k, n, depth, *toks = run_step().tolist()                            # the step's one read
                 at = (at[0] + k, k)
                 if self.choosing: self.count_setting(greedy, setting, k, time.perf_counter() - t0)
             out = _until_eos(toks[:k], eos, max_new_tokens - len(new))
             root = new[-1] if new else seq[-1]
             new += out
             stats.records.append(StepRecord(tree_size=n, depth=depth, accepted=min(k - 1, len(out)), emitted=len(out),
-                                            device=time.perf_counter() - t0, draft_calls=ds.D if ds.D == 0 else ds.shape_of(setting)[3],
-                                            trace=_device_trace(ds, root, k, out, sampling) if trace else None, **((ds.clock.split or {}) if not late else {})))   # read late, the clock has run on
+                                            device=time.perf_counter() - t0, draft_calls=stepper.D if stepper.D == 0 else stepper.shape_of(setting)[3],
+                                            trace=_device_trace(stepper, root, k, out, sampling) if trace else None, **((stepper.clock.split or {}) if not late else {})))   # read late, the clock has run on
             emit(out)
             if out[-1] in eos: break
     return new

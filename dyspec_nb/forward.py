@@ -176,21 +176,21 @@ class LeanCache:
         self.shape = (c.num_hidden_layers, c.num_key_value_heads, getattr(c, 'head_dim', None) or c.hidden_size // c.num_attention_heads)
         self.dtype, self.device, self.n = model.dtype, input_device(model), 0
         self.windowed = bool(window_layers(model)[1])
-        self.k = self.v = self.pos = None
+        self.key_cache = self.value_cache = self.pos = None
         self.reserve(capacity)
 
     def reserve(self, total):
         "Room for at least `total` positions, keeping the cached ones (capacity doubles)."
-        if self.k is not None and total <= self.k.shape[2]: return
-        cap = max(total, 2 * self.k.shape[2] if self.k is not None else 0)
+        if self.key_cache is not None and total <= self.key_cache.shape[2]: return
+        cap = max(total, 2 * self.key_cache.shape[2] if self.key_cache is not None else 0)
         L, H, d = self.shape
         k = torch.empty(L, H, cap, d, dtype=self.dtype, device=self.device)   # [layers, kv_heads, capacity, head_dim]
         v = torch.empty_like(k)
         pos = torch.zeros(cap, dtype=torch.long, device=self.device) if self.windowed else None   # [capacity]
         if self.n:
-            k[:, :, :self.n], v[:, :, :self.n] = self.k[:, :, :self.n], self.v[:, :, :self.n]
+            k[:, :, :self.n], v[:, :, :self.n] = self.key_cache[:, :, :self.n], self.value_cache[:, :, :self.n]
             if pos is not None: pos[:self.n] = self.pos[:self.n]
-        self.k, self.v, self.pos = k, v, pos
+        self.key_cache, self.value_cache, self.pos = k, v, pos
 
     def get_seq_length(self, layer_idx=0): return self.n
 
@@ -204,7 +204,7 @@ class LeanCache:
 
     def keep(self, idx):
         "Keep only positions `idx` (LongTensor), in that order: copies only from the first position that moves on."
-        n = keep_in_place((self.k, self.v), self.n, idx)
+        n = keep_in_place((self.key_cache, self.value_cache), self.n, idx)
         if self.pos is not None: self.pos[:n] = self.pos[idx.to(self.device)]
         self.n = n
 
@@ -330,8 +330,8 @@ def lean_forward(model, ids, positions, mask, cache, keep=None, hidden=None):
     positions = positions.to(dev)
     rope = rope_tables(model, x, positions[None])                              # per layer, [1, q, d] each
     def kv(l, k, v):                                                           # written at n..n+q-1, attention reads [:n+q]
-        cache.k[l, :, P:P + q], cache.v[l, :, P:P + q] = k, v
-        return cache.k[l, None, :, :P + q], cache.v[l, None, :, :P + q]
+        cache.key_cache[l, :, P:P + q], cache.value_cache[l, :, P:P + q] = k, v
+        return cache.key_cache[l, None, :, :P + q], cache.value_cache[l, None, :, :P + q]
     causal = mask is None and P == 0                                           # a prefill: no mask at all
     if mask is None and not causal: mask = causal_mask(q, P + q, model.dtype)  # a chain after cached keys: [1, 1, q, P + q]
     if cache.pos is not None: cache.pos[P:P + q] = positions

@@ -106,8 +106,8 @@ def static_forward(model, cache, buf, rows=None):
     rope = rope_tables(model, x, buf['pos'][None])                             # per layer, [1, B, d] each
     S = buf['mask'].shape[-1]
     def kv(l, k, v):                                                           # k, v: [nkv, B, d] into their slots
-        cache.k[l].index_copy_(1, buf['slots'], k); cache.v[l].index_copy_(1, buf['slots'], v)
-        return cache.k[l, None, :, :S], cache.v[l, None, :, :S]                # [1, nkv, S, d]: the first S slots, under the mask
+        cache.key_cache[l].index_copy_(1, buf['slots'], k); cache.value_cache[l].index_copy_(1, buf['slots'], v)
+        return cache.key_cache[l, None, :, :S], cache.value_cache[l, None, :, :S]                # [1, nkv, S, d]: the first S slots, under the mask
     if cache.pos is not None: cache.pos.index_copy_(0, buf['slots'], buf['pos'])   # a sliding window: the slots' positions
     masks = window_masks(model, buf['mask'], buf['pos'], None if cache.pos is None else cache.pos[:S])   # per layer, [1, 1, B, S]
     x, states = lean_layers(model, cache.weights, x, rope, masks, kv, bool(cache.hidden))
@@ -117,20 +117,20 @@ class StaticCache(LeanCache):
     "A `LeanCache` of fixed `capacity` whose forwards of up to max(`buckets`) tokens run padded to a bucket on buffers kept per bucket; with `graphs` (default: on CUDA) each bucket's forward is a CUDA graph, with 'emulate' an eager forward returning its outputs as a graph does."
     def __init__(self, model, capacity, buckets=BUCKETS, hidden=None, graphs=None):
         super().__init__(model, capacity)
-        self.k.zero_(); self.v.zero_()                         # unwritten slots are read under the mask: zeros, never NaN
+        self.key_cache.zero_(); self.value_cache.zero_()                         # unwritten slots are read under the mask: zeros, never NaN
         self.buckets, self.hidden = tuple(sorted(set(buckets))), tuple(hidden) if hidden else None
         if not self.buckets or min(self.buckets) < 1: raise ValueError(f"buckets must be positive sizes, got {buckets!r}")
         self.graphs = graph_mode(graphs, self.device, 'model')  # True, False or 'emulate'
         self.static, self.eager, self.warned = {}, 0, False   # bucket -> its buffers (and graph); eager forwards after the prefill, and whether said
 
     def reserve(self, total):
-        if self.k is not None and total > self.k.shape[2]:
-            raise ValueError(f"this StaticCache holds {self.k.shape[2]} positions and {total} are needed: make it with a larger capacity")
+        if self.key_cache is not None and total > self.key_cache.shape[2]:
+            raise ValueError(f"this StaticCache holds {self.key_cache.shape[2]} positions and {total} are needed: make it with a larger capacity")
         super().reserve(total)
 
     def buffers(self, size):
         "The buffers of the bucket `size`, made on first use: ids, pos, slots LongTensor[size], mask [1, 1, size, capacity]."
-        if size not in self.static: self.static[size] = step_buffers(size, self.k.shape[2], self.dtype, self.device)
+        if size not in self.static: self.static[size] = step_buffers(size, self.key_cache.shape[2], self.dtype, self.device)
         return self.static[size]
 
     def _replay(self, buf):
@@ -142,7 +142,7 @@ class StaticCache(LeanCache):
         if model is not self.model: raise ValueError(f"this StaticCache was made for another model ({type(self.model).__name__})")
         if (tuple(hidden) if hidden else None) != self.hidden: raise ValueError(f"this StaticCache returns the states of layers {self.hidden}, not {hidden}")
         q, P = len(ids), self.n
-        B = pick_bucket(self, q, self.k.shape[2], f"a forward of {q} tokens")
+        B = pick_bucket(self, q, self.key_cache.shape[2], f"a forward of {q} tokens")
         if B is None: return lean_forward(model, ids, positions, mask, self, keep, hidden)
         buf, dev = self.buffers(B), self.device
         if mask is None: mask = causal_mask(q, P + q, self.dtype)  # a bucket's mask is explicit: at most max(buckets) rows
