@@ -19,7 +19,8 @@ from .verify import sampling_probs, as_count
 from .small_linear import use_small_linear
 from .forward import input_device, lean_supported, logits_size, layer_states, LEAN_MODELS
 from .cost import product_choice
-from .head import is_head, check_head_target, unrolled_logits
+from .head import is_head, check_head_target
+from .head_recipe import unrolled_logits
 from .device_step import DeviceStep, DevicePlain, DEVICE_METHODS, MAX_STEP_BUDGET, PHASES, device_shape, step_options
 
 # %% ../nbs/api/08_engine.ipynb #aa9a1d48

@@ -206,7 +206,7 @@ def _(): return table('float32', extra={'target.generate, static cache (compiled
 @section('chi2 cuda', 40)
 def _():
     from dyspec_nb.models import tiny_llama
-    from dyspec_nb.head import tiny_head
+    from dyspec_nb.head_recipe import tiny_head
     from dyspec_nb.lossless import chi2_test, ALPHA
     target = tiny_llama(seed=1); head, held = tiny_head(target)
     pr = [0, 7, 2]
