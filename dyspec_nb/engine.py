@@ -19,8 +19,7 @@ from .verify import sampling_probs, as_count
 from .small_linear import use_small_linear
 from .forward import input_device, lean_supported, logits_size, layer_states, LEAN_MODELS
 from .cost import product_choice
-from .head import is_head, check_head_target
-from .head_recipe import unrolled_logits
+from .head import is_head, check_head_target, unrolled_logits
 from .device_step import DeviceStep, DevicePlain, DEVICE_METHODS, MAX_STEP_BUDGET, PHASES, device_shape, step_options
 
 # %% ../nbs/api/08_engine.ipynb #aa9a1d48
@@ -503,6 +502,6 @@ def teacher_forced_rows(target, draft, prompt, new_tokens, temperature=0.0, draf
         if n < 2: raise ValueError("a feature head's rows need a prompt of at least two tokens")
         o = target(ids, output_hidden_states=True)
         feats = layer_states(o.hidden_states, draft.config.layers)                                  # [1, L, 3H]
-        r = unrolled_logits(draft, ids[:, 1:], feats[:, :-1], 1)[0][0]                             # [L-1, K]: index i is position i + 1
+        r = unrolled_logits(draft, ids[:, 1:], feats[:, :-1], 1)[0][0]                             # [L-1, R]: index i is position i + 1
         lt, ld = o.logits[0, n - 1:-1].float(), draft.full_logits(r[n - 2:-1]).float()
     return sampling_probs(lt, temperature), sampling_probs(ld, draft_temperature)

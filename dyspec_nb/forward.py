@@ -222,19 +222,19 @@ def fold_mask(mask, groups):
     "`mask` [B or 1, 1, T, S] for `grouped_attention` with `groups` query heads per key head: repeated per group along the queries ([.., groups T, S]), or as it is for one query (it broadcasts)."
     return mask if mask is None or mask.shape[-2] == 1 else mask.repeat(1, 1, groups, 1)
 
-def grouped_attention(q, K, V, fmask, scale=None, causal=False):
-    """SDPA of the query heads q [B, h, T, d] over K, V [B, h_kv, S, d] (h a multiple of h_kv) under `fmask` (`fold_mask`'s),
+def grouped_attention(q, keys, values, fmask, scale=None, causal=False):
+    """SDPA of the query heads q [B, h, T, d] over keys, values [B, h_kv, S, d] (h a multiple of h_kv) under `fmask` (`fold_mask`'s),
     as grouped-query attention: [B, h, T, d]. Each key head's queries are folded onto it (rows group by group), so that it
     is one plain multi-head call, which the fused kernels take: `enable_gqa=True` with a mask is refused by them, and in
     float32 on CUDA falls back to the unfused math backend. With `causal` (no mask; the keys are the queries' own, S = T:
     a prefill into an empty cache) query i sees keys 0..i by SDPA's `is_causal`, no mask built; each key head is repeated
     for its queries (transformers' `repeat_kv`), so that CUDA's memory-efficient kernel takes float32 too."""
-    B, h, T, d = q.shape; hk = K.shape[1]
+    B, h, T, d = q.shape; hk = keys.shape[1]
     if causal:
-        if fmask is not None or K.shape[2] != T: raise ValueError(f"causal attention takes no mask and as many keys as queries ({T}), got {K.shape[2]} keys{' and a mask' if fmask is not None else ''}")
-        if h != hk: K, V = K.repeat_interleave(h // hk, 1), V.repeat_interleave(h // hk, 1)   # [B, h, T, d] each
-        return F.scaled_dot_product_attention(q, K, V, is_causal=True, scale=scale)
-    a = F.scaled_dot_product_attention(q.reshape(B, hk, h // hk * T, d), K, V, attn_mask=fmask, scale=scale)   # [B, h_kv, (h / h_kv) T, d]
+        if fmask is not None or keys.shape[2] != T: raise ValueError(f"causal attention takes no mask and as many keys as queries ({T}), got {keys.shape[2]} keys{' and a mask' if fmask is not None else ''}")
+        if h != hk: keys, values = keys.repeat_interleave(h // hk, 1), values.repeat_interleave(h // hk, 1)   # [B, h, T, d] each
+        return F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=scale)
+    a = F.scaled_dot_product_attention(q.reshape(B, hk, h // hk * T, d), keys, values, attn_mask=fmask, scale=scale)   # [B, h_kv, (h / h_kv) T, d]
     return a.reshape(B, h, T, d)                                               # a copy where SDPA's output is strided (CUDA's memory-efficient kernel)
 
 def rope_tables(model, x, positions):
@@ -295,8 +295,8 @@ def lean_layers(model, weights, x, rope, masks, kv, hidden=False):
         qk = turned if r == d else torch.cat([turned, qk[..., r:]], -1)        # [1, q, nh + nkv, d]: the rest as it is
         qs, ks = qk[:, :, :nh].transpose(1, 2), qk[:, :, nh:].transpose(1, 2)  # [1, nh, q, d], [1, nkv, q, d]
         vs = qkv[..., (nh + nkv) * d:].view(1, q, nkv, d).transpose(1, 2)      # [1, nkv, q, d]
-        K, V = kv(l, ks[0], vs[0])                                             # [1, nkv, S, d] each
-        a = grouped_attention(qs, K, V, folded[id(masks[l])], att.scaling, masks[l] is None).transpose(1, 2).reshape(1, q, nh * d)   # [1, q, nh d]
+        keys, values = kv(l, ks[0], vs[0])                                     # [1, nkv, S, d] each
+        a = grouped_attention(qs, keys, values, folded[id(masks[l])], att.scaling, masks[l] is None).transpose(1, 2).reshape(1, q, nh * d)   # [1, q, nh d]
         if gemma:
             x = x + layer.post_attention_layernorm(att.o_proj(a))
             g, u = lin(layer.pre_feedforward_layernorm(x), w_gu, b_gu).chunk(2, -1)   # [1, q, I] each

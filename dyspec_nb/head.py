@@ -4,8 +4,9 @@
 
 # %% auto #0
 __all__ = ['HEAD_TYPE', 'HEAD_PRODUCTS', 'default_layers', 'target_fingerprint', 'HeadConfig', 'head_config', 'check_head_target',
-           'rope', 'FeatureHead', 'is_head', 'rope_table', 'head_weights', 'lean_head_layer', 'head_dir', 'save_head',
-           'is_head_folder', 'with_products', 'load_head', 'rebind_vocab', 'HeadCache', 'HeadSession']
+           'rope', 'FeatureHead', 'is_head', 'rope_table', 'head_weights', 'lean_head_layer', 'unroll_mask',
+           'unrolled_logits', 'head_dir', 'save_head', 'is_head_folder', 'with_products', 'load_head', 'rebind_vocab',
+           'HeadCache', 'HeadSession']
 
 # %% ../nbs/api/07c_head.ipynb #13d5db53
 import hashlib, json
@@ -48,7 +49,7 @@ class HeadConfig:
     rope_theta: float
     rms_norm_eps: float
     vocab_size: int                 # the target's vocabulary (rows of the logits)
-    draft_vocab_size: int           # K tokens the head can propose
+    draft_vocab_size: int           # R tokens the head can propose (its reduced vocabulary)
     layers: tuple                   # the target's hidden_states it fuses
     target_layers: int              # the target's num_hidden_layers
     target_fingerprint: str
@@ -89,7 +90,7 @@ def rope(x, pos, theta):
 
 # %% ../nbs/api/07c_head.ipynb #f84c6626
 class FeatureHead(nn.Module):
-    "One llama decoder layer over [next token's embedding, fused target features]; logits over K tokens, full-vocabulary rows outside."
+    "One llama decoder layer over [next token's embedding, fused target features]; logits over R tokens, full-vocabulary rows outside."
     def __init__(self, cfg: HeadConfig):
         super().__init__()
         H, nh, kvh, d, I, eps = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size, cfg.rms_norm_eps
@@ -101,8 +102,8 @@ class FeatureHead(nn.Module):
         self.attn_norm, self.q, self.k, self.v, self.o = RMSNorm(H, eps), lin(H, nh * d), lin(H, kvh * d), lin(H, kvh * d), lin(nh * d, H)
         self.mlp_norm, self.gate, self.up, self.down = RMSNorm(H, eps), lin(H, I), lin(H, I), lin(I, H)
         self.norm = RMSNorm(H, eps)
-        self.lm = lin(H, cfg.draft_vocab_size).requires_grad_(False)               # the target's output rows of the K tokens (not saved)
-        self.register_buffer('vocab_ids', torch.arange(cfg.draft_vocab_size))       # [K] full-vocabulary ids, ascending
+        self.lm = lin(H, cfg.draft_vocab_size).requires_grad_(False)               # the target's output rows of the R tokens (not saved)
+        self.register_buffer('vocab_ids', torch.arange(cfg.draft_vocab_size))       # [R] full-vocabulary ids, ascending
         for m in self.modules():
             if isinstance(m, nn.Linear) and m is not self.lm: nn.init.normal_(m.weight, 0, 0.02)
         self._embed = None                                                          # the target's input embedding (bound, not owned)
@@ -122,9 +123,9 @@ class FeatureHead(nn.Module):
         with torch.no_grad():
             if vocab_ids is not None:
                 ids = torch.as_tensor(vocab_ids, dtype=torch.long).sort().values
-                K, V = self.config.draft_vocab_size, self.config.vocab_size
-                if ids.shape != (K,) or ids.unique().numel() != K or ids.min() < 0 or ids.max() >= V:
-                    raise ValueError(f"vocab_ids must be {K} distinct token ids in [0, {V})")
+                R, V = self.config.draft_vocab_size, self.config.vocab_size
+                if ids.shape != (R,) or ids.unique().numel() != R or ids.min() < 0 or ids.max() >= V:
+                    raise ValueError(f"vocab_ids must be {R} distinct token ids in [0, {V})")
                 self.vocab_ids.copy_(ids)
             W = target.get_output_embeddings().weight                              # [V, H]
             self.lm.weight.copy_(W[self.vocab_ids.to(W.device)].to(self.lm.weight))
@@ -138,8 +139,8 @@ class FeatureHead(nn.Module):
         q = rope(self.q(h).view(B, T, c.num_attention_heads, c.head_dim).transpose(1, 2), pos, c.rope_theta)    # [B, nh, T, d]
         k = rope(self.k(h).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2), pos, c.rope_theta)   # [B, kvh, T, d]
         v = self.v(h).view(B, T, c.num_key_value_heads, c.head_dim).transpose(1, 2)                             # [B, kvh, T, d]
-        K, V = (k, v) if past is None else past(k, v)                                                           # [B, kvh, S, d]
-        a = F.scaled_dot_product_attention(q, K, V, attn_mask=mask, enable_gqa=True)                           # [B, nh, T, d]
+        keys, values = (k, v) if past is None else past(k, v)                                                   # [B, kvh, S, d]
+        a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=True)                           # [B, nh, T, d]
         x = x + self.o(a.transpose(1, 2).reshape(B, T, -1))
         h = self.mlp_norm(x)
         return x + self.down(F.silu(self.gate(h)) * self.up(h)), k, v
@@ -148,9 +149,9 @@ class FeatureHead(nn.Module):
         "The layer's input [B, T, H] from token ids [B, T] and features [B, T, H] (fused target features, or the head's own output)."
         return self.inp(torch.cat([self.norm_e(self._embed(ids).to(feats.dtype)), self.norm_f(feats)], -1))
 
-    def reduced_logits(self, g): return self.lm(self.norm(g))                      # [..., H] -> [..., K]
+    def reduced_logits(self, g): return self.lm(self.norm(g))                      # [..., H] -> [..., R]
     def full_logits(self, reduced, fill=float('-inf')):
-        "FloatTensor[..., V]: `reduced` [..., K] at their token ids, `fill` elsewhere (minus infinity for logits; 0 for probabilities over the K tokens)."
+        "FloatTensor[..., V]: `reduced` [..., R] at their token ids, `fill` elsewhere (minus infinity for logits; 0 for probabilities over the R tokens)."
         out = reduced.new_full((*reduced.shape[:-1], self.config.vocab_size), fill)
         return out.scatter_(-1, self.vocab_ids.expand_as(reduced), reduced)
 
@@ -203,12 +204,32 @@ def lean_head_layer(head, ids, pos, mask, cache, feats, rope=None, weights=None)
     qk = rope_turn(qkv[..., :(nh + kvh) * d].view(B, T, nh + kvh, d).transpose(1, 2), cos, sin)  # [B, nh + kvh, T, d]: as `rope`, both at once
     q, k = qk[:, :nh], qk[:, nh:]                                                                # [B, nh, T, d], [B, kvh, T, d]
     v = qkv[..., (nh + kvh) * d:].view(B, T, kvh, d).transpose(1, 2)                             # [B, kvh, T, d]
-    K, V = (k, v) if cache is None else cache.update(k, v, 0)                                    # [B, kvh, S', d]
-    if mask is not None: K, V = K[:, :, :mask.shape[-1]], V[:, :, :mask.shape[-1]]               # [B, kvh, S, d]: the slots the mask spans (a caller may give fewer than a static cache holds)
-    a = grouped_attention(q, K, V, fold_mask(mask, nh // kvh))                                   # [B, nh, T, d]
+    keys, values = (k, v) if cache is None else cache.update(k, v, 0)                            # [B, kvh, S', d]
+    if mask is not None: keys, values = keys[:, :, :mask.shape[-1]], values[:, :, :mask.shape[-1]]               # [B, kvh, S, d]: the slots the mask spans (a caller may give fewer than a static cache holds)
+    a = grouped_attention(q, keys, values, fold_mask(mask, nh // kvh))                                   # [B, nh, T, d]
     x = x + prod(a.transpose(1, 2).reshape(B, T, -1), 'o', (head.o,))
     gate, up = prod(norm(x, head.mlp_norm), 'gate_up', (head.gate, head.up)).chunk(2, -1)         # [B, T, I] each
     return x + prod(F.silu(gate) * up, 'down', (head.down,))
+
+# %% ../nbs/api/07c_head.ipynb #a0c3b169
+def unroll_mask(T, s):
+    "Bool[T, (s+1)T]: at unrolled step s, query i sees step 0's keys up to i - s and step t's key at i - s + t (its tree ancestors)."
+    i, k = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    return torch.cat([k <= i - s] + [k == i - s + t for t in range(1, s + 1)], 1)
+
+def unrolled_logits(head, ids, feats, steps):
+    "Reduced logits [b, T, R] of each unrolled step: step 0 reads the target's features, step s the head's own output at step s-1, one position back."
+    B, T = ids.shape
+    pos = torch.arange(1, T + 1, device=ids.device).expand(B, T)                    # x_j sits at position j
+    e = head.norm_e(head._embed(ids).to(head.dtype))                                # [b, T, H]
+    f, ks, vs, outs = head.fuse(feats.to(head.dtype)), [], [], []
+    for s in range(steps):
+        x = head.inp(torch.cat([e, head.norm_f(f)], -1))
+        past = lambda k, v: (torch.cat(ks + [k], 2), torch.cat(vs + [v], 2))
+        g, k, v = head.layer(x, pos, unroll_mask(T, s).to(ids.device)[None, None], past)
+        ks.append(k); vs.append(v); outs.append(head.reduced_logits(g))
+        f = F.pad(g[:, :-1], (0, 0, 1, 0))                                          # a depth-(s+1) node reads its parent's output
+    return outs
 
 # %% ../nbs/api/07c_head.ipynb #e75c75dc
 def head_dir():
@@ -261,7 +282,7 @@ def load_head(folder, target, dtype=torch.float32, products='float32'):
 @torch.no_grad()
 def rebind_vocab(head, target, vocab_ids, products='float32'):
     "`head`'s decoder layer over another vocabulary: a new `FeatureHead` with the same weights and `products` (`with_products`), bound to `target` (its own, checked) with the output rows of `vocab_ids`."
-    ids = torch.as_tensor(vocab_ids, dtype=torch.long).flatten()                               # [K']
+    ids = torch.as_tensor(vocab_ids, dtype=torch.long).flatten()                               # [R']
     if ids.numel() == 0: raise ValueError("vocab_ids must hold at least one token id")
     out = FeatureHead(replace(head.config, draft_vocab_size=ids.numel()))
     out.load_state_dict({k: v for k, v in head.state_dict().items() if k not in ('lm.weight', 'vocab_ids')}, strict=False)

@@ -5,10 +5,10 @@
 # %% auto #0
 __all__ = ['FLOAT16_MAX', 'FEATURE_DTYPES', 'READ_CHUNK', 'MIN_MINUTES', 'READ_SHARE', 'MIN_WORK', 'OVERRUN', 'SHIPPED',
            'FeatureSeq', 'feature_storage', 'target_features', 'reading_copy', 'token_rows', 'collate_features',
-           'teacher_features', 'unroll_mask', 'unrolled_logits', 'HeadTrainConfig', 'head_metrics', 'train_head',
-           'tiny_samples', 'tiny_head', 'HeadRecipe', 'recipe_data', 'reserve_seconds', 'machine_dtypes', 'fresh_head',
-           'served_head', 'save_with_record', 'build_head', 'mtbench_features', 'heldout_agreement', 'probe_steps',
-           'train_on_text', 'own_answers', 'train_on_answers', 'ShippedRecipe', 'build_shipped_head']
+           'teacher_features', 'HeadTrainConfig', 'head_metrics', 'train_head', 'tiny_samples', 'tiny_head',
+           'HeadRecipe', 'recipe_data', 'reserve_seconds', 'machine_dtypes', 'fresh_head', 'served_head',
+           'save_with_record', 'build_head', 'mtbench_features', 'heldout_agreement', 'probe_steps', 'train_on_text',
+           'own_answers', 'train_on_answers', 'ShippedRecipe', 'build_shipped_head']
 
 # %% ../nbs/api/07d_head_recipe.ipynb #0fd6748e
 import copy, functools, json, math, random, time, warnings
@@ -18,7 +18,7 @@ import torch, torch.nn.functional as F
 from tqdm.auto import tqdm
 from .forward import layer_states
 from .training import choose_vocab, teacher_data, teacher_batch, topk_logprobs, length_batches, distill_loss, warmup_cosine
-from .head import FeatureHead, head_config, save_head, load_head, head_dir, rebind_vocab
+from .head import FeatureHead, head_config, save_head, load_head, head_dir, rebind_vocab, unrolled_logits
 from .models import load_target, write_or_keep, write_whole, DiskFull, model_bytes
 from .data import sharegpt_chats, sharegpt_chat_records, chat_tokens, sharegpt_prompts, sharegpt_split, first_user_turn
 from .draft_recipe import mtbench_eval_data
@@ -67,11 +67,11 @@ def reading_copy(target, dtype='float32'):
     return target if dtype == 'float32' else copy.deepcopy(target).to(getattr(torch, dtype))
 
 def token_rows(vocab_ids, V):
-    "LongTensor[V]: each token's row among the K reduced-vocabulary ids, K for the others."
+    "LongTensor[V]: each token's row among the R reduced-vocabulary ids, R for the others."
     m = torch.full((V,), len(vocab_ids), dtype=torch.long); m[vocab_ids] = torch.arange(len(vocab_ids)); return m
 
-def collate_features(data, idx, token_map, K, pad_id=2):
-    "A padded batch for positions j = 1..L-1: tokens x_j [b, T], features F_{j-1} [b, T, 3H], top-k rows of j (-1 outside the K) [b, T, k], probs, weights [b, T]."
+def collate_features(data, idx, token_map, R, pad_id=2):
+    "A padded batch for positions j = 1..L-1: tokens x_j [b, T], features F_{j-1} [b, T, 3H], top-k rows of j (-1 outside the R) [b, T, k], probs, weights [b, T]."
     T = max(len(data[i].ids) for i in idx) - 1; B = len(idx); k = data[idx[0]].top_ids.shape[1]; D = data[idx[0]].feats.shape[1]
     ids = torch.full((B, T), pad_id, dtype=torch.long); feats = torch.zeros(B, T, D)
     tid = torch.full((B, T, k), -1, dtype=torch.long); tp = torch.zeros(B, T, k); w = torch.zeros(B, T)
@@ -79,7 +79,7 @@ def collate_features(data, idx, token_map, K, pad_id=2):
         s = data[i]; n = len(s.ids) - 1
         ids[b, :n] = s.ids[1:]; feats[b, :n] = s.feats[:-1].float()
         m = token_map[s.top_ids[1:].long()]
-        tid[b, :n] = torch.where(m < K, m, -1); tp[b, :n] = s.top_logp[1:].float().exp()
+        tid[b, :n] = torch.where(m < R, m, -1); tp[b, :n] = s.top_logp[1:].float().exp()
         w[b, s.start - 1:n] = 1.0
     return ids, feats, tid, tp, w
 
@@ -91,26 +91,6 @@ def teacher_features(data):
         if s.feats is None: raise ValueError("these TeacherSeq carry no features: make them with teacher_data(..., layers=the head's layers)")
         out.append(FeatureSeq(s.ids[:-1].clone(), s.feats, s.top_ids, s.top_logp, max(1, s.n_prompt - 1)))
     return out
-
-# %% ../nbs/api/07d_head_recipe.ipynb #a0c3b169
-def unroll_mask(T, s):
-    "Bool[T, (s+1)T]: at unrolled step s, query i sees step 0's keys up to i - s and step t's key at i - s + t (its tree ancestors)."
-    i, k = torch.arange(T)[:, None], torch.arange(T)[None, :]
-    return torch.cat([k <= i - s] + [k == i - s + t for t in range(1, s + 1)], 1)
-
-def unrolled_logits(head, ids, feats, steps):
-    "Reduced logits [b, T, K] of each unrolled step: step 0 reads the target's features, step s the head's own output at step s-1, one position back."
-    B, T = ids.shape
-    pos = torch.arange(1, T + 1, device=ids.device).expand(B, T)                    # x_j sits at position j
-    e = head.norm_e(head._embed(ids).to(head.dtype))                                # [b, T, H]
-    f, ks, vs, outs = head.fuse(feats.to(head.dtype)), [], [], []
-    for s in range(steps):
-        x = head.inp(torch.cat([e, head.norm_f(f)], -1))
-        past = lambda k, v: (torch.cat(ks + [k], 2), torch.cat(vs + [v], 2))
-        g, k, v = head.layer(x, pos, unroll_mask(T, s).to(ids.device)[None, None], past)
-        ks.append(k); vs.append(v); outs.append(head.reduced_logits(g))
-        f = F.pad(g[:, :-1], (0, 0, 1, 0))                                          # a depth-(s+1) node reads its parent's output
-    return outs
 
 # %% ../nbs/api/07d_head_recipe.ipynb #4b9c20bd
 @dataclass
@@ -134,11 +114,11 @@ class HeadTrainConfig:
 @torch.no_grad()
 def head_metrics(head, data, unroll=3, batch_tokens=4096):
     "Agreement with the target's top-1 and KL on its stored top-k, per unrolled step (depth 0 = the root's children), over the scored positions of `data`."
-    rows = token_rows(head.vocab_ids.cpu(), head.config.vocab_size); K = head.config.draft_vocab_size; dev = head.fuse.weight.device
+    rows = token_rows(head.vocab_ids.cpu(), head.config.vocab_size); R = head.config.draft_vocab_size; dev = head.fuse.weight.device
     was = head.training; head.eval()
     agree, kl, n = [0.0] * unroll, [0.0] * unroll, [0.0] * unroll
     for idx in length_batches([len(s.ids) for s in data], batch_tokens):
-        ids, feats, tid, tp, w = (x.to(dev) for x in collate_features(data, idx, rows, K))   # batches are built on the CPU
+        ids, feats, tid, tp, w = (x.to(dev) for x in collate_features(data, idx, rows, R))   # batches are built on the CPU
         for s, r in enumerate(unrolled_logits(head, ids, feats, unroll)):
             ws = w.clone(); ws[:, :s] = 0                                           # a depth-s node needs s real ancestors
             agree[s] += float(((r.argmax(-1) == tid[..., 0]) * ws).sum()); kl[s] += float((distill_loss(r, tid, tp) * ws).sum()); n[s] += float(ws.sum())
@@ -157,7 +137,7 @@ def train_head(head, data, cfg=HeadTrainConfig(), val=None, progress=True, log_e
     training-time test; the loss and validation curves. Ctrl-C stops the training after the steps it finished, with the
     head as trained so far and `interrupted` in the curves; before the first step is done it interrupts."""
     torch.manual_seed(cfg.seed); g = torch.Generator().manual_seed(cfg.seed)
-    rows = token_rows(head.vocab_ids.cpu(), head.config.vocab_size); K = head.config.draft_vocab_size; dev = head.fuse.weight.device
+    rows = token_rows(head.vocab_ids.cpu(), head.config.vocab_size); R = head.config.draft_vocab_size; dev = head.fuse.weight.device
     batches = length_batches([len(s.ids) for s in data], cfg.batch_tokens)
     params = [p for p in head.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -171,11 +151,11 @@ def train_head(head, data, cfg=HeadTrainConfig(), val=None, progress=True, log_e
     try:
         for s in bar:
             if not order: order = torch.randperm(len(batches), generator=g).tolist()
-            ids, feats, tid, tp, w = (x.to(dev) for x in collate_features(data, batches[order.pop()], rows, K))
+            ids, feats, tid, tp, w = (x.to(dev) for x in collate_features(data, batches[order.pop()], rows, R))
             for gr in opt.param_groups: gr['lr'] = warmup_cosine(cfg, s)
             loss = 0.0
             with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.compute_dtype == 'bfloat16'):
-                outs = unrolled_logits(head, ids, feats, cfg.unroll)                   # [b, T, K] per unrolled step
+                outs = unrolled_logits(head, ids, feats, cfg.unroll)                   # [b, T, R] per unrolled step
             for st, r in enumerate(outs):
                 ws = w.clone(); ws[:, :st] = 0
                 loss = loss + cfg.step_weights[st] * (distill_loss(r, tid, tp) * ws).sum() / ws.sum().clamp(min=1)
@@ -225,7 +205,7 @@ class HeadRecipe:
     max_tokens: int = 512            # longest conversation kept, in tokens
     n_val: int = 32                  # further training-split conversations for the validation curve (never trained on)
     k: int = 8                       # the target's top-k kept per position
-    vocab: int = 8192                # K tokens the head can propose (the most probable under the target on the training data)
+    vocab: int = 8192                # R tokens the head can propose (the most probable under the target on the training data)
     intermediate_size: int = 1536
     n_generated: int = 0             # ShareGPT training prompts the target answers (its own text, features kept while it generates)
     prompt_tokens: int = 192         # ... their longest prompt kept
@@ -234,7 +214,7 @@ class HeadRecipe:
     seed: int = 0
     train: HeadTrainConfig = field(default_factory=lambda: HeadTrainConfig(steps=1400, compute_dtype='bfloat16'))
     feature_dtype: str = 'bfloat16'  # the target reads the conversations in this dtype: 'float32' or 'bfloat16' (a copy; more text per minute)
-    serve_vocab: int = 4096          # K' <= K tokens the saved head proposes (`rebind_vocab`): the K' of most target mass; a call costs less
+    serve_vocab: int = 4096          # R' <= R tokens the saved head proposes (`rebind_vocab`): the R' of most target mass; a call costs less
 
     def __post_init__(self):
         if self.feature_dtype not in FEATURE_DTYPES: raise ValueError(f"feature_dtype must be one of {FEATURE_DTYPES}, got {self.feature_dtype!r}")
@@ -353,7 +333,7 @@ def build_head(target=None, tokenizer=None, out=None, recipe=HeadRecipe(), minut
     left = max(0.0, (deadline - reserve - time.time()) / 60)                        # the rest trains (one step at least), but for the reserve
     tcfg = replace(recipe.train, minutes=min(left, recipe.train.minutes or left))
     t0 = time.time(); hist = train_head(head, data, tcfg, val=val, progress=progress); t_train = time.time() - t0
-    head = served_head(head, target, data, recipe)                                  # its first K' of K
+    head = served_head(head, target, data, recipe)                                  # its first R' of R
     rec = dict(recipe=json.loads(json.dumps(asdict(recipe))), config=cfg.to_dict(), tokens=sum(len(s.ids) for s in data),
                chats_read=len(data), val_chats_read=len(val), minutes=minutes,
                seconds=dict(**secs, train=t_train, total=time.time() - t_all), threads=torch.get_num_threads(), served_vocab=head.config.draft_vocab_size,
