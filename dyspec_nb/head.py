@@ -6,7 +6,7 @@
 __all__ = ['HEAD_TYPE', 'HEAD_PRODUCTS', 'default_layers', 'target_fingerprint', 'HeadConfig', 'head_config', 'check_head_target',
            'rope', 'FeatureHead', 'is_head', 'rope_table', 'head_weights', 'lean_head_layer', 'unroll_mask',
            'unrolled_logits', 'head_dir', 'save_head', 'is_head_folder', 'with_products', 'load_head', 'rebind_vocab',
-           'HeadCache', 'HeadSession']
+           'HeadCache', 'HeadSession', 'head_call']
 
 # %% ../nbs/api/07c_head.ipynb #13d5db53
 import hashlib, json
@@ -343,7 +343,7 @@ class HeadSession(DraftSession):
         self.cache.forget_before(self.root_pos)
 
 # %% ../nbs/api/07c_head.ipynb #03f2aa4e
-def _head_call(head, cache, buf):
+def head_call(head, cache, buf):
     "The head's call on a bucket's buffers (ids, pos, slots [B]; feats [B, H]; mask [1, 1, B, C]): `(logits [B, V], output features [B, H])`."
     cache.slots = buf['slots']                                                                  # where `update` writes
     g = lean_head_layer(head, buf['ids'][None], buf['pos'][None], buf['mask'], cache, buf['feats'][None], rope=cache.rope)[0]   # [B, H]
