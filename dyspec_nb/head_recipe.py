@@ -20,7 +20,7 @@ from .head import (FeatureHead, HeadTrainConfig, head_config, target_features, t
 from .models import load_target, write_or_keep, write_whole, DiskFull, model_bytes
 from .data import sharegpt_chats, sharegpt_chat_records, chat_tokens, sharegpt_prompts, sharegpt_split, first_user_turn
 from .draft_recipe import mtbench_eval_data
-from .cost import cpu_name
+from .timing import cpu_name
 from .small_linear import bf16_pays
 
 # %% ../nbs/api/07d_head_recipe.ipynb #aac6f127
