@@ -22,9 +22,8 @@ from .head import FeatureHead, head_config, save_head, load_head, head_dir, rebi
 from .models import load_target, write_or_keep, write_whole, DiskFull, model_bytes
 from .data import sharegpt_chats, sharegpt_chat_records, chat_tokens, sharegpt_prompts, sharegpt_split, first_user_turn
 from .draft_recipe import mtbench_eval_data
-from .cost import cpu_name
+from .timing import cpu_name
 from .small_linear import bf16_pays
-
 
 # %% ../nbs/api/07d_head_recipe.ipynb #fb096f3f
 @dataclass

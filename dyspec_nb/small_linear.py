@@ -108,7 +108,7 @@ def use_small_linear(model, enabled=True):
             for m in _LINEARS.pop(model): m.__class__ = nn.Linear
 
 # %% ../nbs/api/06a_small_linear.ipynb #2f5dfa6f
-CHOICE_ROWS = (1, 2, 3, 5, 9, 17, 33, 65, SMALL_ROWS)   # the row counts measured per weight shape (`measure_products`, 06d_cost)
+CHOICE_ROWS = (1, 2, 3, 5, 9, 17, 33, 65, SMALL_ROWS)   # the row counts measured per weight shape (`measure_products`, 06c_timing)
 CHOICE_MIN_WEIGHTS = 1 << 16                             # weights with fewer elements stay on the kernel: microseconds either way
 
 def torch_rows(won, measured=CHOICE_ROWS):

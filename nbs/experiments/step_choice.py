@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from dyspec_nb.models import load_default_pair, hf_generate
 from dyspec_nb.data import mtbench_prompts
 from dyspec_nb.engine import SpecDecoder
-from dyspec_nb.cost import cpu_name, machine_fingerprint
+if not WORKER: from dyspec_nb.timing import cpu_name, machine_fingerprint    # this checkout's, for the record (a worker runs an older one)
 
 PROMPTS, NEW, BEFORE = int(os.environ.get('PROMPTS', 8)), int(os.environ.get('NEW', 64)), os.environ.get('BEFORE')
 target, head, tok = load_default_pair()

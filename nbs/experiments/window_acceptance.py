@@ -16,7 +16,7 @@ from dyspec_nb.models import load_default_pair
 from dyspec_nb.data import mtbench_prompts
 from dyspec_nb.engine import SpecDecoder
 from dyspec_nb.device_step import device_shape
-from dyspec_nb.cost import machine_fingerprint
+from dyspec_nb.timing import machine_fingerprint
 
 PROMPTS, NEW = int(os.environ.get('PROMPTS', 8)), int(os.environ.get('NEW', 128))
 window = json.loads((ROOT / 'results' / 'device_step_gpu.json').read_text())
