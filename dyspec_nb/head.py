@@ -326,7 +326,7 @@ class HeadSession(DraftSession):
         text = head.fuse(self.cache.features(self.root_pos - c - 1, self.root_pos).to(dev, head.dtype))   # [c + 1, H]: F_{p-1} of each text row, the root's last
         par = tree.parents.tolist()
         f = torch.cat([text[:c]] + [text[c:] if u == 0 else self.out[par[u]][None] for u in new])      # [q, H]
-        if hasattr(self.cache, 'call'):                                                                # fixed shapes: a StaticHeadCache (07e_device_step) runs the call
+        if hasattr(self.cache, 'call'):                                                                # fixed shapes: a StaticHeadCache (07e_step) runs the call
             logits, g = self.cache.call(ids.to(dev), pos.to(dev), mask.to(dev, head.dtype), f, c)     # [q - c, V], [q - c, H]: the bucket's, overwritten by its next call
             g = g.clone()                                                                              # one copy per call: the features later calls read
             for j, u in enumerate(new): self.out[u] = g[j]

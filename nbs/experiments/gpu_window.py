@@ -82,7 +82,7 @@ def _():
 from dyspec_nb.models import load_default_pair, hf_generate
 from dyspec_nb.data import mtbench_prompts
 from dyspec_nb.engine import SpecDecoder
-from dyspec_nb.device_step import DeviceStep, DEVICE_METHODS
+from dyspec_nb.step import TreeStep, STEP_METHODS
 from dyspec_nb.builders import draw_mode
 
 def load(dt):
@@ -119,19 +119,19 @@ def _():
         dec.generate(p, max_new_tokens=NEW)                                     # warm: graphs captured
         (a, na), (b_, nb) = count_syncs(lambda: dec.generate(p, max_new_tokens=NEW)), count_syncs(lambda: dec.generate(p, max_new_tokens=16))
         if na is not None: res[f'{label}: syncs per step'] = dict(long=[na, a.stats.steps], short=[nb, b_.stats.steps], per_step=(na - nb) / max(1, a.stats.steps - b_.stats.steps))
-    ds = SpecDecoder(target, head, 'dyspec', budget=8).device_step(int(p.shape[1]) + NEW + 9)
+    ds = SpecDecoder(target, head, 'dyspec', budget=8).stepper(int(p.shape[1]) + NEW + 9)
     g = torch.Generator(device=DEV).manual_seed(0)
     ds.start(p[0].tolist()); ds.step(generator=g)                               # captured
     n_sync = []
     for _ in range(10):
         o, c = count_syncs(lambda: ds.step(generator=g)); o.tolist(); n_sync.append(c)
     res['device step: syncs inside step() over 10 steps'] = n_sync
-    for method in DEVICE_METHODS:                                               # every builder's captured step, greedy and at T = 1
+    for method in STEP_METHODS:                                               # every builder's captured step, greedy and at T = 1
         for T in (0.0, 1.0):
-            ds = DeviceStep(target, head, method, budget=8, capacity=512); ds.start(p[0].tolist()); ds.step(temperature=T, generator=g)
+            ds = TreeStep(target, head, method, budget=8, capacity=512); ds.start(p[0].tolist()); ds.step(temperature=T, generator=g)
             res[f'{method} b8, T={T}: syncs inside step() over 3 steps'] = [count_syncs(lambda: ds.step(temperature=T, generator=g))[1] for _ in range(3)]
     for T in (0.0, 1.0):                                                        # captured = eager
-        outs = [device_decode(DeviceStep(target, head, 'dyspec', budget=8, capacity=512, graphs=gr), p[0].tolist(), 48, temperature=T,
+        outs = [device_decode(TreeStep(target, head, 'dyspec', budget=8, capacity=512, graphs=gr), p[0].tolist(), 48, temperature=T,
                               generator=torch.Generator(device=DEV).manual_seed(3)) for gr in (None, False)]
         res[f'T={T}: graphs output = eager output'] = outs[0] == outs[1]
     return res
@@ -151,7 +151,7 @@ def table(dt, extra=(), keep=None, compiled=False):
              'assisted (token draft)': lambda ids: (hf_generate(target, ids, NEW, assistant_model=token)[0], None)}
     calls.update(extra)
     def engine(dec): return lambda ids: (lambda o: (o.tokens.tolist(), o.stats))(dec.generate(ids, max_new_tokens=NEW))
-    calls['engine autoregressive, device'] = engine(SpecDecoder(target, None, 'autoregressive'))   # DevicePlain, read late
+    calls['engine autoregressive, device'] = engine(SpecDecoder(target, None, 'autoregressive'))   # PlainStep, read late
     for m, b, *o in DEVICE_SETTINGS:
         o = o[0] if o else {}
         calls[f"{m} b{b}{''.join(f' {k} {v}' for k, v in o.items())}, device"] = engine(SpecDecoder(target, head, m, budget=b, **o))
@@ -159,7 +159,7 @@ def table(dt, extra=(), keep=None, compiled=False):
     at_once = SpecDecoder(target, head, 'dyspec', budget=32); at_once.plan.read_late = False   # the device rows read a step late on CUDA
     calls['dyspec b32, device, read at once'] = engine(at_once)
     eager = SpecDecoder(target, head, 'dyspec', budget=8)                       # the step uncaptured: its launches, one read
-    eager._device = DeviceStep(target, head, 'dyspec', 8, capacity=1024, graphs=False)
+    eager._stepper = TreeStep(target, head, 'dyspec', 8, capacity=1024, graphs=False)
     calls['dyspec b8, device uncaptured'] = engine(eager)
     if compiled:                                                                # inductor's fused kernels, captured: compiled on the warm-up call
         # On the CPU (a dry run) only plain decoding: compiling a tree step there takes minutes. The default probes its
@@ -182,7 +182,7 @@ def table(dt, extra=(), keep=None, compiled=False):
             r = res[k]; r['seconds'] += sec; r['tokens'] += len(toks); r['outputs'].append(toks)
             if st is not None:
                 r['steps'] += st.steps; r['accepted'] += sum(x.accepted for x in st.records)
-                r['step_seconds'] += sum(x.device for x in st.records)
+                r['step_seconds'] += sum(x.seconds for x in st.records)
     base = res['target.generate']; bt = base['seconds'] / base['tokens']
     tab = {k: dict(ms_per_token=1e3 * r['seconds'] / r['tokens'], speedup=bt / (r['seconds'] / r['tokens']),
                    accepted_per_step=r['accepted'] / r['steps'] if r['steps'] else None,
@@ -217,7 +217,7 @@ def _():
     gt = copy.deepcopy(target).to(DEV); gh = copy.deepcopy(head).to(DEV).bind(gt)
     res = {}
     for method in ('dyspec', 'eagle2'):
-        ds, gen, counts = DeviceStep(gt, gh, method, budget=4, capacity=64), torch.Generator(device=DEV).manual_seed(0), torch.zeros(256)
+        ds, gen, counts = TreeStep(gt, gh, method, budget=4, capacity=64), torch.Generator(device=DEV).manual_seed(0), torch.zeros(256)
         for _ in range(300 if DRY else 2000):
             a, b = device_decode(ds, pr, 2, temperature=1.0, draft_temperature=1.0, generator=gen)[:2]
             counts[16 * a + b] += 1
@@ -248,7 +248,7 @@ def _():
     load('float32')
     s = S['float32']; target, head, p = s['target'], s['head'], s['prompts'][0][0].tolist()
     res = {}
-    a = DeviceStep(target, head, 'dyspec', budget=8, capacity=512)            # captured: a CUDA graph per setting
+    a = TreeStep(target, head, 'dyspec', budget=8, capacity=512)            # captured: a CUDA graph per setting
     a.start(p); a.step(); sync()
     t = time.perf_counter()
     for _ in range(20): a.step()
@@ -257,7 +257,7 @@ def _():
         if left() < 100: res[mode] = 'skipped: time'; continue
         try:
             torch._dynamo.reset()
-            b = DeviceStep(target, head, 'dyspec', budget=8, capacity=512, graphs=False); b.start(p)
+            b = TreeStep(target, head, 'dyspec', budget=8, capacity=512, graphs=False); b.start(p)
             run = torch.compile(b.run, mode=mode, fullgraph=True)
             t = time.time(); run(None, None); sync(); c = time.time() - t
             for _ in range(3): run(None, None)

@@ -1,7 +1,7 @@
 """The host decoding loop of experiments 23 and 24: the reference builders of 02_builders and the verifier of 03_verify
 on real models, through the draft sessions of 06b_forward and 07c_head. Experiments whose builders or verifiers exist
 only on the host (a variant to compare, a recorder) decode with it; the engine's one step is the tensor step of
-07e_device_step. Not part of the package."""
+07e_step. Not part of the package."""
 import torch
 from dyspec_nb.engine import GenerationStats, StepRecord, StepTrace
 from dyspec_nb.builders import run_options

@@ -1,6 +1,6 @@
 # How far the GPU window's prompts go (issue 51): `results/window_acceptance.json`. Not part of the package; 22_gpu
 # renders it. Accepted draft tokens per step are a property of the pair and the text, not of the machine: in float32 the
-# greedy tokens are `target.generate`'s on any device, and the device step builds the same trees from the same rows. So
+# greedy tokens are `target.generate`'s on any device, and the step builds the same trees from the same rows. So
 # the CPU can say what the window's two prompts cannot: how those prompts' acceptance compares with more prompts, and
 # whether the window's float32 and bfloat16 rows accept differently because of the dtype or because of the texts.
 # For every device setting the window measured (read from `results/device_step_gpu.json`), and DySpec at the chain's four
@@ -15,7 +15,7 @@ from tqdm.auto import tqdm
 from dyspec_nb.models import load_default_pair
 from dyspec_nb.data import mtbench_prompts
 from dyspec_nb.engine import SpecDecoder
-from dyspec_nb.device_step import device_shape
+from dyspec_nb.step import step_shape
 from dyspec_nb.timing import machine_fingerprint
 
 PROMPTS, NEW = int(os.environ.get('PROMPTS', 8)), int(os.environ.get('NEW', 128))
@@ -42,7 +42,7 @@ for dt in ('float32', 'bfloat16'):
         for p in prompts:
             st = dec.generate(p, max_new_tokens=NEW).stats
             steps.append(st.steps); acc.append(sum(r.accepted for r in st.records))
-        rows[label] = dict(draft_calls=device_shape(m, b, head.config.vocab_size, **o)[2], steps=steps, accepted=acc)
+        rows[label] = dict(draft_calls=step_shape(m, b, head.config.vocab_size, **o)[2], steps=steps, accepted=acc)
     rec['dtypes'][dt] = rows
 out = Path(os.environ.get('OUT') or ROOT / 'results'); out.mkdir(parents=True, exist_ok=True)
 (out / 'window_acceptance.json').write_text(json.dumps(rec, indent=1) + '\n')
