@@ -1,6 +1,6 @@
 // y = x @ W^T for a few rows of x: the products of a tree verification step (1-128 tokens) on a CPU.
 //
-// nbs/06a_small_linear.ipynb is the specification and F.linear the reference. Why a kernel of our own: for 2-16 rows MKL
+// nbs/api/3-forward/06a_small_linear.ipynb is the specification and F.linear the reference. Why a kernel of our own: for 2-16 rows MKL
 // reads (and packs) each weight matrix as for a large product, so a step of 3 tokens costs about twice a step of 1. Here
 // every weight row is read once from memory, in place (PyTorch's [out, in] layout, no copy), and multiplied with all n
 // input rows while it sits in registers: the step stays bound by the weight bytes until n is large enough for the

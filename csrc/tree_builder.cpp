@@ -1,5 +1,5 @@
 // DySpec tree builders in C++: the greedy builder (Algorithm 1) and the threshold builder's layer-by-layer selection
-// (Algorithm 2) of nbs/02_builders.ipynb, drawing the same tokens as the Python reference for the same uniforms; and
+// (Algorithm 2) of nbs/api/2-reference/02_builders.ipynb, drawing the same tokens as the Python reference for the same uniforms; and
 // EAGLE-2's beam-and-rerank tree (the eagle2 builder), choosing the same nodes as its Python reference.
 //
 // The Python reference is the specification; this file repeats its arithmetic exactly:
@@ -227,7 +227,7 @@ static const double* uniforms_of(const py::array_t<double, py::array::c_style | 
     return u.data();
 }
 
-// The cost rule of nbs/02_builders.ipynb ("Cost-aware trees"), as the Python _Pace: draw the (n + 1)-th token in a slot
+// The cost rule of nbs/api/2-reference/02_builders.ipynb ("Cost-aware trees"), as the Python _Pace: draw the (n + 1)-th token in a slot
 // of value v only if g C > (1 + k A) dC, g = k v r-bar (the mean r-bar of the rows fetched so far when the slot's node
 // needs a draft call, which then adds `call` to dC). The calibration k also applies per token of depth: a child's slot is
 // worth v r per_token, per_token = min(k, 1), so that values still fall along every path. Off when no costs are given
@@ -337,7 +337,7 @@ py::tuple dyspec_threshold(i64 root, py::function expand, i64 budget,
 }
 
 // ---- EAGLE-2's tree ----
-// The Python reference (eagle2 in nbs/02_builders.ipynb) is the specification:
+// The Python reference (eagle2 in nbs/api/2-reference/02_builders.ipynb) is the specification:
 //  * a row's top-k children are its k largest probabilities, ties to the smaller token id; zero probabilities never count;
 //  * a candidate's score is its parent's score times (double)q[y], in float64;
 //  * candidates rank by (higher score, shallower, created earlier); created in frontier order, then by child rank;
@@ -448,7 +448,7 @@ py::tuple draw_from_row(py::array_t<float, py::array::c_style | py::array::force
 }
 
 PYBIND11_MODULE(_native, m) {
-    m.doc() = "DySpec tree builders in C++ (see nbs/11_native.ipynb)";
+    m.doc() = "DySpec tree builders in C++ (see nbs/api/2-reference/11_native.ipynb)";
     m.attr("BLOCK") = BLOCK;
     m.def("dyspec_greedy", &dyspec_greedy, py::arg("root"), py::arg("expand"), py::arg("budget"), py::arg("uniforms"),
           py::arg("max_depth") = -1, py::arg("atol") = 1e-3, py::arg("verify") = py::none(), py::arg("call") = 0.0, py::arg("scale") = 1.0);

@@ -1,7 +1,7 @@
 __version__ = "0.0.1"
 
 import os as _os, sys as _sys
-# The Triton kernels (kernels/, nbs/api/12_tree_attention.ipynb) run under Triton's interpreter when there is no CUDA device.
+# The Triton kernels (kernels/, nbs/api/3-forward/12_tree_attention.ipynb) run under Triton's interpreter when there is no CUDA device.
 # Triton reads TRITON_INTERPRET when triton.language is first imported (transformers imports it too), so the choice has to
 # be made before anything imports Triton. It is made then, the first time anything looks for Triton, and not when the
 # package is imported: `import dyspec_nb` does not import torch, so that the command line checks its arguments at once.

@@ -1,4 +1,4 @@
-"""Triton kernel of block-sparse tree attention (see nbs/12_tree_attention.ipynb).
+"""Triton kernel of block-sparse tree attention (see nbs/api/3-forward/12_tree_attention.ipynb).
 
 One program computes one `BLOCK_M`-row block of queries for one (batch, head) pair. It walks only the key blocks that
 the host listed as non-empty for its query block (a compressed-sparse-row index: `block_ptr`, `block_idx`), applies the
