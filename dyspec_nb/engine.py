@@ -10,17 +10,25 @@ __all__ = ['PRODUCTS_MARGIN', 'AUTO_CAP', 'METHODS', 'STEP_OPTIONS', 'PROBE_BUDG
            'continuation', 'teacher_forced_rows']
 
 # %% ../nbs/api/6-engine/08_engine.ipynb #66171767
-import time
+import hashlib, json, os, sys, tempfile, time, warnings
+from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 from .tree import TokenTree
 from .builders import BUILDERS, COST_AWARE, DRAWS, TOP_DRAWS
 from .verify import sampling_probs, as_count
-from .small_linear import use_small_linear
+from .small_linear import use_small_linear, small_linear_path, CHOICE_ROWS, set_products
 from .forward import input_device, lean_supported, logits_size, layer_states, LEAN_MODELS
+from .models import cache_dir, unwritable, write_whole
+from .timing import machine_fingerprint, product_weights, product_shapes, measure_products, loadavg, cpu_seconds, others_load, machine_busy
 from .head import is_head, check_head_target, unrolled_logits
 from .step import TreeStep, PlainStep, STEP_METHODS, MAX_STEP_BUDGET, PHASES, step_shape, step_options
+try: import fcntl                        # POSIX: one process measures at a time; elsewhere each measures on its own
+except ImportError: fcntl = None
 
 # %% ../nbs/api/6-engine/08_engine.ipynb #aa9a1d48
 @dataclass
@@ -89,17 +97,6 @@ class GenerationOutput:
     stats: GenerationStats
 
 # %% ../nbs/api/6-engine/08_engine.ipynb #007a8e62
-import json, hashlib, os, sys, tempfile, warnings
-from collections import Counter
-from contextlib import contextmanager
-from datetime import datetime
-from pathlib import Path
-from .models import cache_dir, unwritable, write_whole
-from .small_linear import small_linear_path, CHOICE_ROWS, set_products
-from .timing import machine_fingerprint, product_weights, product_shapes, measure_products, loadavg, cpu_seconds, others_load, machine_busy
-try: import fcntl                        # POSIX: one process measures at a time; elsewhere each measures on its own
-except ImportError: fcntl = None
-
 PRODUCTS_MARGIN = 0.8    # F.linear takes a shape's row count only where it took under this share of the kernel's time
 _CHOSEN = {}             # choice file -> its choice, read once per process
 
@@ -108,12 +105,12 @@ def products_path(fingerprint):
     return cache_dir() / 'products' / f"{hashlib.sha1(json.dumps(fingerprint, sort_keys=True).encode()).hexdigest()[:16]}.json"
 
 def _read_choice(path, fp):
-    "The choice cached in `path` for the fingerprint `fp` (`{(N, K): rows}`), or None."
+    "The choice cached in `path` for the fingerprint `fp` (`{(out, inp): rows}`, a weight's output and input sizes), or None."
     if str(path) in _CHOSEN: return _CHOSEN[str(path)]
     try:
         rec = json.loads(path.read_text())
         if rec['fingerprint'] != fp: return None
-        choice = {(int(n), int(k)): [int(r) for r in rows] for n, k, rows in rec['choice']}
+        choice = {(int(o), int(i)): [int(r) for r in rows] for o, i, rows in rec['choice']}
     except (OSError, ValueError, KeyError, TypeError): return None
     if not all(set(rows) <= set(CHOICE_ROWS) for rows in choice.values()): return None   # row counts never measured: a damaged file
     _CHOSEN[str(path)] = choice
@@ -129,7 +126,7 @@ def products_fingerprint(*models, lean=True):
     shapes = Counter()
     for m in _chosen_models(models): shapes.update(dict(product_shapes(m, lean)))
     if not shapes: return None
-    return dict(machine=machine_fingerprint('cpu'), shapes=[[n, k, c] for (n, k), c in sorted(shapes.items())], rows=list(CHOICE_ROWS), margin=PRODUCTS_MARGIN)
+    return dict(machine=machine_fingerprint('cpu'), shapes=[[o, i, c] for (o, i), c in sorted(shapes.items())], rows=list(CHOICE_ROWS), margin=PRODUCTS_MARGIN)
 
 def cache_writable(folder):
     "Whether the cache `folder` can take a file (`unwritable` of 05_models: tried, made nowhere)."
@@ -172,13 +169,13 @@ def _measure_choice(ms, fp, path, writable, lean, measure, busy, progress):
         if progress: print(f"dyspec: other processes kept {others_load(since) or 0:.1f} of {os.cpu_count()} cores busy meanwhile: the kernel everywhere for now, nothing cached", file=sys.stderr, flush=True)
         return None
     if writable:
-        rec = dict(fingerprint=fp, choice=[[n, k, rows] for (n, k), rows in sorted(choice.items())], measured_at=datetime.now().astimezone().isoformat(timespec='seconds'),
-                   load=dict(before=load, after=loadavg()), seconds={name: {f'{n}x{k}': {str(r): v for r, v in d.items()} for (n, k), d in per.items()} for name, per in seconds.items()})
+        rec = dict(fingerprint=fp, choice=[[o, i, rows] for (o, i), rows in sorted(choice.items())], measured_at=datetime.now().astimezone().isoformat(timespec='seconds'),
+                   load=dict(before=load, after=loadavg()), seconds={name: {f'{o}x{i}': {str(r): v for r, v in d.items()} for (o, i), d in per.items()} for name, per in seconds.items()})
         try: write_whole(path, json.dumps(rec, indent=1)); _CHOSEN[str(path)] = choice
         except OSError as e: warnings.warn(f"cannot write the product choice {path} ({e.strerror or e}): kept in memory only", RuntimeWarning, stacklevel=3)
     if progress:
         won = sorted((s, r) for s, r in choice.items() if r)
-        print(f"dyspec: measured in {time.perf_counter() - t0:.1f} s: " + ('PyTorch is faster for ' + '; '.join(f"{n}x{k} at {', '.join(map(str, r))} rows" for (n, k), r in won)
+        print(f"dyspec: measured in {time.perf_counter() - t0:.1f} s: " + ('PyTorch is faster for ' + '; '.join(f"{o}x{i} at {', '.join(map(str, r))} rows" for (o, i), r in won)
               if won else 'the kernel is the faster at every shape'), file=sys.stderr, flush=True)
     return choice
 
@@ -187,7 +184,7 @@ def product_choice(*models, lean=True, refresh=False, progress=True,
                    busy=machine_busy):         # (since=None) -> whether other processes keep the machine busy, as `machine_busy`
     """Which product, the kernel's or `F.linear`, runs each weight shape and row count of the float32 CPU `models` (None
     skipped) on this machine: read from the cache, else measured (`measure`, seconds on a quiet CPU) and cached; installed
-    with `set_products` and returned as `{(N, K): the row counts of CHOICE_ROWS that go to F.linear}` (empty: the kernel
+    with `set_products` and returned as `{(out, inp): the row counts of CHOICE_ROWS that go to F.linear}` (empty: the kernel
     everywhere, and always where the kernel is not built). A machine that other processes keep `busy` before or during the
     measurement keeps the kernel everywhere, for this process, and caches nothing: under load the threads' waits, not
     the products, would be timed."""
@@ -202,7 +199,7 @@ def product_choice(*models, lean=True, refresh=False, progress=True,
             _CHOSEN.pop(str(path), None)
             choice = None if refresh else _read_choice(path, fp)           # measured meanwhile by the process it waited for
             if choice is None: choice = _measure_choice(_chosen_models(models), fp, path, writable, lean, measure, busy, progress)
-    if choice is None: choice = {(n, k): [] for n, k, _ in fp['shapes']}   # busy: the kernel everywhere, for now
+    if choice is None: choice = {(o, i): [] for o, i, _ in fp['shapes']}   # busy: the kernel everywhere, for now
     set_products(choice)
     return {s: r for s, r in choice.items() if r}
 

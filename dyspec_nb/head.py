@@ -110,7 +110,7 @@ class FeatureHead(nn.Module):
         self._rope = None                                                           # the lean call's rotary table (made when first needed)
         self.lean = True                                                            # forward's default: lean_head_layer without gradients
 
-    # what the engine and the cost model ask of a draft model
+    # what the engine and the forward timer ask of a draft model
     @property
     def dtype(self): return self.fuse.weight.dtype
     @property
