@@ -46,7 +46,7 @@ class StepRecord:
     bookkeeping: float = 0.0    # cache compaction and the rest
     draft_calls: int = 0        # draft forwards this step
     trace: object = None        # a StepTrace when generate(..., trace=True)
-    device: float = 0.0         # the whole step with its read back
+    seconds: float = 0.0        # the whole step with its read back
 
 @dataclass
 class StepTrace:
