@@ -297,8 +297,8 @@ class StaticHeadCache(HeadCache):
         super().__init__(head.config.hidden_size * len(head.config.layers))
         c, dev = head.config, input_device(head)
         self.head, self.device, self.dtype, self.n = head, dev, head.dtype, 0
-        self.K = torch.zeros(1, c.num_key_value_heads, capacity, c.head_dim, dtype=head.dtype, device=dev)   # [1, kvh, C, d]
-        self.V = torch.zeros_like(self.K)
+        self.key_cache = torch.zeros(1, c.num_key_value_heads, capacity, c.head_dim, dtype=head.dtype, device=dev)   # [1, kvh, C, d]
+        self.value_cache = torch.zeros_like(self.key_cache)
         self.rope = rope_table(head, capacity + max(buckets) + 1, dev)          # every position a call can reach
         self.buckets = tuple(sorted(set(buckets)))
         self.graphs = graph_mode(graphs, dev, 'head')                           # True, False or 'emulate' (06e_static)
@@ -312,35 +312,35 @@ class StaticHeadCache(HeadCache):
 
     def update(self, k, v, layer_idx=0, *args, **kwargs):
         "Write k, v [1, kvh, T, d] at the slots of the call; attention reads the cache (the slots its mask spans), under the call's mask."
-        self.K[0].index_copy_(1, self.slots, k[0]); self.V[0].index_copy_(1, self.slots, v[0])
-        return self.K, self.V
+        self.key_cache[0].index_copy_(1, self.slots, k[0]); self.value_cache[0].index_copy_(1, self.slots, v[0])
+        return self.key_cache, self.value_cache
 
     def keep(self, idx):
         "Keep only the cached positions `idx` (LongTensor), in that order."
-        self.n = keep_in_place((self.K, self.V), self.n, idx)
+        self.n = keep_in_place((self.key_cache, self.value_cache), self.n, idx)
 
     def buffers(self, size):
         "The buffers of the bucket `size`, made on first use."
         if size not in self.static:
-            self.static[size] = step_buffers(size, self.K.shape[2], self.dtype, self.device,
+            self.static[size] = step_buffers(size, self.key_cache.shape[2], self.dtype, self.device,
                                              feats=torch.zeros(size, self.head.config.hidden_size, dtype=self.dtype, device=self.device))
         return self.static[size]
 
     def call(self, ids, pos, mask, feats, c):
-        """One call of q rows after the n cached (ids, pos LongTensor[q]; mask [1, 1, q, n + q]; feats [q, H]): `(logits [q - c, V],
-        output features [q - c, H])` of rows c.., on a graph (or emulating one) views of the bucket's outputs, which its next call overwrites."""
-        q, P = len(ids), self.n
-        if P + q > self.K.shape[2]: raise ValueError(f"this StaticHeadCache holds {self.K.shape[2]} positions and {P + q} are needed: make it with a larger capacity")
-        B = pick_bucket(self, q, self.K.shape[2], f"a head call of {q} rows")
-        if B is None: buf, graphs = step_buffers(q, self.K.shape[2], self.dtype, self.device, feats=feats), False   # unpadded, eager
+        """One call of w rows after the n cached (ids, pos LongTensor[w]; mask [1, 1, w, n + w]; feats [w, H]): `(logits [w - c, V],
+        output features [w - c, H])` of rows c.., on a graph (or emulating one) views of the bucket's outputs, which its next call overwrites."""
+        w, P = len(ids), self.n
+        if P + w > self.key_cache.shape[2]: raise ValueError(f"this StaticHeadCache holds {self.key_cache.shape[2]} positions and {P + w} are needed: make it with a larger capacity")
+        B = pick_bucket(self, w, self.key_cache.shape[2], f"a head call of {w} rows")
+        if B is None: buf, graphs = step_buffers(w, self.key_cache.shape[2], self.dtype, self.device, feats=feats), False   # unpadded, eager
         else:
             buf, graphs = self.buffers(B), self.graphs
-            buf['feats'][:q] = feats; buf['feats'][q:] = feats[0]
+            buf['feats'][:w] = feats; buf['feats'][w:] = feats[0]
         fill_step(buf, ids, pos, mask, P)
         run = lambda: head_call(self.head, self, buf)
         logits, g = run_bucket(graphs, buf, run, self.device)
-        self.n = P + q
-        return logits[c:q], g[c:q]
+        self.n = P + w
+        return logits[c:w], g[c:w]
 
 
 # %% ../nbs/api/5-step/07e_step.ipynb #6769b95f
