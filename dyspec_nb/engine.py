@@ -450,9 +450,11 @@ def _choose_setting(self: SpecDecoder, greedy):
     """budget='auto' off CUDA: the setting of the next step, from the rates of the decoder's own steps so far (kept from
     call to call, apart for greedy and for sampled decoding): each setting of `auto_settings` first runs
     `CHOOSING_FIRST` steps, in order, until one runs at under `CHOOSING_STOP` of the best rate before it (the larger
-    settings, dearer still, wait); then every `PROBE_EVERY`-th step goes to the neighbour of the best setting (the
-    next smaller or larger, whichever has run less), and the others to the best: the one that emitted the most tokens
-    per second of its steps. No step is spent on measuring alone, and few on settings far from the best."""
+    settings, dearer still, wait); then every `PROBE_EVERY`-th step goes to the setting that has run least among those
+    smaller than the best and the next larger (the nearest to the best of equals), and the others to the best: the one
+    that emitted the most tokens per second of its steps. A setting's rate is read off whatever text its steps met, so
+    a small setting unlucky in its first steps is tried again however far below the best it sits; a larger one than the
+    next costs more a step, and is not. No step is spent on measuring alone."""
     runs = [self.setting_runs.get((greedy, s), (0, 0.0, 0)) for s in self.auto_settings]   # [tokens, seconds, steps] per setting
     rate = lambda i: runs[i][0] / max(runs[i][1], 1e-9)
     tried = [i for i, r in enumerate(runs) if r[2] >= CHOOSING_FIRST]
@@ -460,8 +462,8 @@ def _choose_setting(self: SpecDecoder, greedy):
     if first is not None and not (tried and rate(tried[-1]) < CHOOSING_STOP * max(map(rate, tried))): return self.auto_settings[first]
     best = max((i for i, r in enumerate(runs) if r[2]), key=rate)               # (the first round may stop early: runs not all tried)
     if sum(r[2] for r in runs) % PROBE_EVERY == PROBE_EVERY - 1:
-        near = [i for i in (best - 1, best + 1) if 0 <= i < len(runs)]
-        if near: return self.auto_settings[min(near, key=lambda i: runs[i][2])]
+        near = [i for i in range(min(best + 2, len(runs))) if i != best]         # the smaller settings and the next larger
+        if near: return self.auto_settings[min(near, key=lambda i: (runs[i][2], abs(i - best)))]
     return self.auto_settings[best]
 
 def _count_setting(self: SpecDecoder, greedy, setting, tokens, seconds):
