@@ -313,7 +313,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'dyspec_nb.engine._stepper': ('api/6-engine/engine.html#_stepper', 'dyspec_nb/engine.py'),
                                   'dyspec_nb.engine._stream': ('api/6-engine/engine.html#_stream', 'dyspec_nb/engine.py'),
                                   'dyspec_nb.engine._until_eos': ('api/6-engine/engine.html#_until_eos', 'dyspec_nb/engine.py'),
-                                  'dyspec_nb.engine.cache_writable': ('api/6-engine/engine.html#cache_writable', 'dyspec_nb/engine.py'),
                                   'dyspec_nb.engine.compare_methods': ('api/6-engine/engine.html#compare_methods', 'dyspec_nb/engine.py'),
                                   'dyspec_nb.engine.continuation': ('api/6-engine/engine.html#continuation', 'dyspec_nb/engine.py'),
                                   'dyspec_nb.engine.methods_markdown': ('api/6-engine/engine.html#methods_markdown', 'dyspec_nb/engine.py'),

@@ -6,8 +6,8 @@
 __all__ = ['PRODUCTS_MARGIN', 'AUTO_CAP', 'METHODS', 'STEP_OPTIONS', 'PROBE_BUDGETS', 'PROBE_DEPTHS', 'PROBE_STEPS',
            'CHOOSING_SETTINGS', 'CHOOSING_FIRST', 'CHOOSING_STOP', 'PROBE_EVERY', 'DRAFT_TEMPERATURE', 'StepRecord',
            'StepTrace', 'GenerationStats', 'GenerationOutput', 'products_path', 'products_fingerprint',
-           'cache_writable', 'product_choice', 'Plan', 'SpecDecoder', 'compare_methods', 'methods_markdown',
-           'continuation', 'teacher_forced_rows']
+           'product_choice', 'Plan', 'SpecDecoder', 'compare_methods', 'methods_markdown', 'continuation',
+           'teacher_forced_rows']
 
 # %% ../nbs/api/6-engine/08_engine.ipynb #66171767
 import hashlib, json, os, sys, tempfile, time, warnings
@@ -128,10 +128,6 @@ def products_fingerprint(*models, lean=True):
     if not shapes: return None
     return dict(machine=machine_fingerprint('cpu'), shapes=[[o, i, c] for (o, i), c in sorted(shapes.items())], rows=list(CHOICE_ROWS), margin=PRODUCTS_MARGIN)
 
-def cache_writable(folder):
-    "Whether the cache `folder` can take a file (`unwritable` of 05_models: tried, made nowhere)."
-    return unwritable(folder) is None
-
 @contextmanager
 def _measuring_lock(folder, progress=True, timeout=900.0):
     """Hold an exclusive `flock` on `folder/.measuring.lock` (the system's temporary folder when `folder` is None or not
@@ -193,7 +189,7 @@ def product_choice(*models, lean=True, refresh=False, progress=True,
     path = products_path(fp)
     choice = None if refresh else _read_choice(path, fp)
     if choice is None and not busy():
-        writable = cache_writable(path.parent)
+        writable = unwritable(path.parent) is None                       # tried, made nowhere (05_models)
         if writable: path.parent.mkdir(parents=True, exist_ok=True)
         with _measuring_lock(path.parent if writable else None, progress):
             _CHOSEN.pop(str(path), None)
