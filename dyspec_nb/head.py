@@ -20,6 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file, load_file
 from .forward import DraftSession, keep_positions, input_device, stacked, rope_turn, fold_mask, grouped_attention
 from .small_linear import bf16_products, linear_product
+from .packed import PackedLinear, q4_1_dequantize
 from .static import host_copy
 
 
@@ -30,11 +31,20 @@ def default_layers(n_layers):
     "Indices into the target's `hidden_states` (0: embeddings, i: after layer i) of a low, a middle and a high layer, as EAGLE-3 fuses."
     return (min(2, n_layers), max(1, n_layers // 2), max(1, n_layers - 2))
 
+def _weights(model):
+    "`(name, weight)` of the model's parameters in `named_parameters` order, each once, a `PackedLinear` (06f) counted as its weight dequantised (the first row)."
+    seen = set()
+    for mname, mod in model.named_modules():
+        pre = f"{mname}." if mname else ''
+        if isinstance(mod, PackedLinear): yield pre + 'weight', (mod.out_features, mod.in_features), q4_1_dequantize(mod.blocks[:1])[0]
+        for pname, p in mod.named_parameters(recurse=False):
+            if id(p) not in seen: seen.add(id(p)); yield pre + pname, tuple(p.shape), p
+
 def target_fingerprint(target):
-    "A hash of the target's parameter names, shapes and first 64 values (rounded to bfloat16, so fp32 and bf16 copies agree)."
+    "A hash of the target's parameter names, shapes and first 64 values (rounded to bfloat16, so fp32 and bf16 copies agree; a layer packed by 06f's `pack_gguf` as the float32 layer it was)."
     h = hashlib.sha1()
-    for name, p in target.named_parameters():
-        h.update(f"{name}{tuple(p.shape)}".encode())
+    for name, shape, p in _weights(target):
+        h.update(f"{name}{shape}".encode())
         if p.device.type != 'meta': h.update(p.detach().flatten()[:64].to(torch.bfloat16).float().cpu().numpy().tobytes())
     return h.hexdigest()[:16]
 

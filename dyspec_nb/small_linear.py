@@ -188,7 +188,8 @@ def bf16_products(model):
     return model
 
 def linear_product(m):
-    "`(product, weight)`: what the linear module `m` runs now, `product(x, weight, m.bias)` being `m(x)`: `bf16_linear` with its bfloat16 copy after `bf16_products`, `rows_linear` inside `use_small_linear`, else `F.linear`."
+    "`(product, weight)`: what the linear module `m` runs now, `product(x, weight, m.bias)` being `m(x)`: a module's own `product()` where it has one (06f's `PackedLinear`), `bf16_linear` with its bfloat16 copy after `bf16_products`, `rows_linear` inside `use_small_linear`, else `F.linear`."
+    if hasattr(m, 'product'): return m.product()
     if isinstance(m, BF16Linear): return bf16_linear, m.weight_bf16
     return (rows_linear if isinstance(m, SmallRowsLinear) else F.linear), m.weight
 
