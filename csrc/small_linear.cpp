@@ -216,18 +216,21 @@ static void linear_bf16(farr x, barr w, farr y) {
     over_columns<6>(N, [&](i64 j, auto ob) { columns_bf16<decltype(ob)::value, 4>(xp, n, K, wp + j * K, yp + j, N); });
 }
 
-// ---- Q4_1 blocks as a GGUF file holds them: y[n, N] = x[n, K] @ W[N, K]^T, W read in place from its packed rows ----
-// A row of W is K / 32 blocks of 20 bytes: d and m (float16), then 16 bytes whose low nibbles are q_0..q_15 and whose
-// high nibbles are q_16..q_31; weight j of the block is d * q_j + m. Each block is unpacked in registers into float32
-// weights: its 16 possible values fma(q, d, m), q = 0..15, in one register, looked up by each nibble (vpermps reads an
-// index's low 4 bits). d * q is exact in float32 (11 by 4 significant bits), so the weights are those of the file
-// dequantised in float32 (gguf's `d * q + m`), bit for bit, and the products are then float32 products as above. The
-// weights cost 0.625 bytes each to read instead of 4. Tiling: OB = 4 weight rows x RB = 4 input rows in 16-lane
-// registers (16 accumulators, 8 unpacked weight registers). Each output is summed the same way whatever n is: lane l
-// adds block by block the products at k = 32 b + l, then at 32 b + 16 + l (one FMA each), and the 16 lanes are added
-// in a fixed tree; the scalar path (a CPU without AVX-512) makes the same FMAs in the same order.
+// ---- GGUF blocks (Q4_1, Q8_0) read in place: y[n, N] = x[n, K] @ W[N, K]^T, W's rows as a GGUF file packs them ----
+// A row of W is K / 32 blocks of 32 weights. Q4_1: 20 bytes, d and m (float16), then 16 bytes whose low nibbles are
+// q_0..q_15 and whose high nibbles are q_16..q_31, weight j = d * q_j + m. Q8_0: 34 bytes, d (float16), then 32 int8
+// q_j, weight j = d * q_j. Each block is unpacked in registers into float32 weights: Q4_1's 16 possible values
+// fma(q, d, m), q = 0..15, in one register, looked up by each nibble (vpermps reads an index's low 4 bits); Q8_0's
+// q_j * d. Both are exact in float32 (d * q has 11 by 4 or 8 significant bits), so the weights are those of the file
+// dequantised in float32 (gguf's `d * q + m`, `d * q`), bit for bit, and the products are then float32 products as
+// above. Tiling: OB weight rows x RB input rows in 16-lane registers, each block unpacked once per tile: 4 x 4 up to 4
+// rows, 2 x 8 above. Each output is summed the same way whatever n is: lane l adds block by block the products at
+// k = 32 b + l, then at 32 b + 16 + l (one FMA each), and the 16 lanes are added in a fixed tree; the scalar path (a
+// CPU without AVX-512) makes the same FMAs in the same order.
 using qarr = py::array_t<std::uint8_t, py::array::c_style>;
-constexpr i64 QK = 32, QBYTES = 20;
+constexpr i64 QK = 32;
+enum Format { Q4_1 = 0, Q8_0 = 1 };
+constexpr i64 block_bytes(Format f) { return f == Q4_1 ? 20 : 34; }
 
 static inline float half_to_float(std::uint16_t h) {
     std::uint32_t s = std::uint32_t(h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu, u;
@@ -242,24 +245,46 @@ static inline float lanes16(const float* l) {
          + (((l[1] + l[9]) + (l[5] + l[13])) + ((l[3] + l[11]) + (l[7] + l[15])));
 }
 
-template <int OB, int RB>
-__attribute__((target("avx512f,avx512vl,fma,f16c"))) static inline void tile_q4_1(const float* x, const std::uint8_t* w, i64 K, float* y, i64 ldy) {
-    const i64 B = K / QK, ldw = B * QBYTES;
-    const __m512 iota = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+// a block's 32 weights in float32: lo = weights 0..15, hi = 16..31
+template <Format F>
+__attribute__((target("avx512f,avx512vl,fma,f16c"))) static inline void unpack(const std::uint8_t* blk, __m512& lo, __m512& hi) {
+    if constexpr (F == Q4_1) {
+        std::int32_t dm; std::memcpy(&dm, blk, 4);
+        const __m128 dmf = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));                    // [d, m, 0, 0] in float32 (F16C)
+        const __m512 table = _mm512_fmadd_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                             _mm512_broadcastss_ps(dmf), _mm512_broadcastss_ps(_mm_movehdup_ps(dmf)));   // d * q + m, q = 0..15
+        const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 4)));   // byte j in lane j
+        lo = _mm512_permutexvar_ps(bytes, table);                                   // by the low 4 bits of each lane: q_j
+        hi = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);             // by the high nibble: q_{16 + j}
+    } else {
+        std::uint16_t dh; std::memcpy(&dh, blk, 2);
+        const __m512 d = _mm512_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dh)));
+        lo = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 2)))), d);
+        hi = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 18)))), d);
+    }
+}
+
+template <Format F>
+static inline void unpack_scalar(const std::uint8_t* blk, float* w) {      // w[32]
+    std::uint16_t dh; std::memcpy(&dh, blk, 2);
+    const float d = half_to_float(dh);
+    if constexpr (F == Q4_1) {
+        std::uint16_t mh; std::memcpy(&mh, blk + 2, 2);
+        const float m = half_to_float(mh);
+        for (int j = 0; j < 16; ++j) { w[j] = std::fma(float(blk[4 + j] & 0x0F), d, m); w[16 + j] = std::fma(float(blk[4 + j] >> 4), d, m); }
+    } else {
+        for (int j = 0; j < 32; ++j) w[j] = float(std::int8_t(blk[2 + j])) * d;
+    }
+}
+
+template <Format F, int OB, int RB>
+__attribute__((target("avx512f,avx512vl,fma,f16c"))) static inline void tile_packed(const float* x, const std::uint8_t* w, i64 K, float* y, i64 ldy) {
+    const i64 B = K / QK, ldw = B * block_bytes(F);
     __m512 acc[OB][RB];
     for (int o = 0; o < OB; ++o) for (int r = 0; r < RB; ++r) acc[o][r] = _mm512_setzero_ps();
     for (i64 b = 0; b < B; ++b) {
         __m512 wlo[OB], whi[OB];
-        for (int o = 0; o < OB; ++o) {
-            const std::uint8_t* blk = w + o * ldw + b * QBYTES;
-            std::int32_t dm; std::memcpy(&dm, blk, 4);
-            const __m128 dmf = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));                // [d, m, 0, 0] in float32 (F16C)
-            const __m512 d = _mm512_broadcastss_ps(dmf), m = _mm512_broadcastss_ps(_mm_movehdup_ps(dmf));
-            const __m512 table = _mm512_fmadd_ps(iota, d, m);                        // the block's 16 weight values, d * q + m for q = 0..15
-            const __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 4)));   // byte j in lane j
-            wlo[o] = _mm512_permutexvar_ps(bytes, table);                           // looked up by the low 4 bits of each lane: q_j
-            whi[o] = _mm512_permutexvar_ps(_mm512_srli_epi32(bytes, 4), table);     // by the high nibble: q_{16 + j}
-        }
+        for (int o = 0; o < OB; ++o) unpack<F>(w + o * ldw + b * block_bytes(F), wlo[o], whi[o]);
         for (int r = 0; r < RB; ++r) {
             const __m512 xlo = _mm512_loadu_ps(x + r * K + b * QK), xhi = _mm512_loadu_ps(x + r * K + b * QK + 16);
             for (int o = 0; o < OB; ++o) acc[o][r] = _mm512_fmadd_ps(whi[o], xhi, _mm512_fmadd_ps(wlo[o], xlo, acc[o][r]));
@@ -272,33 +297,29 @@ __attribute__((target("avx512f,avx512vl,fma,f16c"))) static inline void tile_q4_
     }
 }
 
-template <int OB, int RB>
-static inline void tile_q4_1_scalar(const float* x, const std::uint8_t* w, i64 K, float* y, i64 ldy) {
-    const i64 B = K / QK, ldw = B * QBYTES;
+template <Format F, int OB, int RB>
+static inline void tile_packed_scalar(const float* x, const std::uint8_t* w, i64 K, float* y, i64 ldy) {
+    const i64 B = K / QK, ldw = B * block_bytes(F);
     for (int o = 0; o < OB; ++o) for (int r = 0; r < RB; ++r) {
         float l[16] = {};
         for (i64 b = 0; b < B; ++b) {
-            const std::uint8_t* blk = w + o * ldw + b * QBYTES;
-            std::uint16_t dh, mh; std::memcpy(&dh, blk, 2); std::memcpy(&mh, blk + 2, 2);
-            const float d = half_to_float(dh), m = half_to_float(mh);
+            float wb[32];
+            unpack_scalar<F>(w + o * ldw + b * block_bytes(F), wb);
             const float* xb = x + r * K + b * QK;
-            for (int j = 0; j < 16; ++j) {
-                const float lo = std::fma(float(blk[4 + j] & 0x0F), d, m), hi = std::fma(float(blk[4 + j] >> 4), d, m);
-                l[j] = std::fma(hi, xb[16 + j], std::fma(lo, xb[j], l[j]));
-            }
+            for (int j = 0; j < 16; ++j) l[j] = std::fma(wb[16 + j], xb[16 + j], std::fma(wb[j], xb[j], l[j]));
         }
         y[r * ldy + o] = lanes16(l);
     }
 }
 
-template <int OB, int RB, bool VEC>
-static void columns_q4_1(const float* x, i64 n, i64 K, const std::uint8_t* w, float* y, i64 N) {
+template <Format F, int OB, int RB, bool VEC>
+static void columns_packed(const float* x, i64 n, i64 K, const std::uint8_t* w, float* y, i64 N) {
     auto tile = [&](auto rb, i64 r) {
         constexpr int R = decltype(rb)::value;
-        if constexpr (VEC) tile_q4_1<OB, R>(x + r * K, w, K, y + r * N, N);
-        else tile_q4_1_scalar<OB, R>(x + r * K, w, K, y + r * N, N);
+        if constexpr (VEC) tile_packed<F, OB, R>(x + r * K, w, K, y + r * N, N);
+        else tile_packed_scalar<F, OB, R>(x + r * K, w, K, y + r * N, N);
     };
-    i64 r = 0;                                                                  // tiles of RB rows, then one of the rest: each block unpacked once a tile
+    i64 r = 0;                                                                  // tiles of RB rows, then one of the rest
     for (; r + RB <= n; r += RB) tile(std::integral_constant<int, RB>{}, r);
     if constexpr (RB > 7) if (n - r == 7) return tile(std::integral_constant<int, 7>{}, r);
     if constexpr (RB > 6) if (n - r == 6) return tile(std::integral_constant<int, 6>{}, r);
@@ -311,22 +332,31 @@ static void columns_q4_1(const float* x, i64 n, i64 K, const std::uint8_t* w, fl
 
 static bool has_avx512() { return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"); }
 
-// y[n, N] = x[n, K] @ W^T, W's Q4_1 rows w[N, K / 32 * 20] (uint8); x, y float32; all C-contiguous; vectorise false: the scalar path
-static void linear_q4_1(farr x, qarr w, farr y, bool vectorise) {
-    if (x.ndim() != 2 || w.ndim() != 2 || y.ndim() != 2) throw std::invalid_argument("linear_q4_1: x, w and y must be 2-D");
+template <Format F>
+static void packed_impl(const float* x, i64 n, i64 K, const std::uint8_t* w, i64 N, float* y, bool vec) {
+    const i64 ldw = K / QK * block_bytes(F);
+    if (vec && n > 4) over_columns<2>(N, [&](i64 j, auto ob) { columns_packed<F, decltype(ob)::value, 8, true>(x, n, K, w + j * ldw, y + j, N); });
+    else if (vec) over_columns<4>(N, [&](i64 j, auto ob) { columns_packed<F, decltype(ob)::value, 4, true>(x, n, K, w + j * ldw, y + j, N); });
+    else over_columns<4>(N, [&](i64 j, auto ob) { columns_packed<F, decltype(ob)::value, 4, false>(x, n, K, w + j * ldw, y + j, N); });
+}
+
+// y[n, N] = x[n, K] @ W^T, W's rows in blocks of `format` (0: Q4_1, 1: Q8_0), w[N, K / 32 * bytes] (uint8); x, y float32;
+// all C-contiguous; vectorise false: the scalar path
+static void linear_packed(farr x, qarr w, farr y, int format, bool vectorise) {
+    if (format != Q4_1 && format != Q8_0) throw std::invalid_argument("linear_packed: format must be 0 (Q4_1) or 1 (Q8_0), got " + std::to_string(format));
+    if (x.ndim() != 2 || w.ndim() != 2 || y.ndim() != 2) throw std::invalid_argument("linear_packed: x, w and y must be 2-D");
+    const Format f = Format(format);
     i64 n = x.shape(0), K = x.shape(1), N = w.shape(0);
-    if (K % QK) throw std::invalid_argument("linear_q4_1: x has " + std::to_string(K) + " columns, not a multiple of 32");
-    if (w.shape(1) != K / QK * QBYTES)
-        throw std::invalid_argument("linear_q4_1: w has " + std::to_string(w.shape(1)) + " bytes a row, " + std::to_string(K) + " weights take " + std::to_string(K / QK * QBYTES));
+    if (K % QK) throw std::invalid_argument("linear_packed: x has " + std::to_string(K) + " columns, not a multiple of 32");
+    if (w.shape(1) != K / QK * block_bytes(f))
+        throw std::invalid_argument("linear_packed: w has " + std::to_string(w.shape(1)) + " bytes a row, " + std::to_string(K) + " weights take " + std::to_string(K / QK * block_bytes(f)));
     if (y.shape(0) != n || y.shape(1) != N)
-        throw std::invalid_argument("linear_q4_1: y must have shape [" + std::to_string(n) + ", " + std::to_string(N) + "]");
+        throw std::invalid_argument("linear_packed: y must have shape [" + std::to_string(n) + ", " + std::to_string(N) + "]");
     const float* xp = x.data(); const std::uint8_t* wp = w.data(); float* yp = y.mutable_data();
-    const i64 ldw = K / QK * QBYTES;
     const bool vec = vectorise && has_avx512();
     py::gil_scoped_release nogil;
-    if (vec && n > 4) over_columns<2>(N, [&](i64 j, auto ob) { columns_q4_1<decltype(ob)::value, 8, true>(xp, n, K, wp + j * ldw, yp + j, N); });
-    else if (vec) over_columns<4>(N, [&](i64 j, auto ob) { columns_q4_1<decltype(ob)::value, 4, true>(xp, n, K, wp + j * ldw, yp + j, N); });
-    else over_columns<4>(N, [&](i64 j, auto ob) { columns_q4_1<decltype(ob)::value, 4, false>(xp, n, K, wp + j * ldw, yp + j, N); });
+    if (f == Q4_1) packed_impl<Q4_1>(xp, n, K, wp, N, yp, vec);
+    else packed_impl<Q8_0>(xp, n, K, wp, N, yp, vec);
 }
 
 static const char* path_name(int limit) {
@@ -339,9 +369,9 @@ PYBIND11_MODULE(_linear, m) {
           py::arg("x"), py::arg("w"), py::arg("y"), py::arg("limit") = 2);
     m.def("linear_bf16", &linear_bf16, "y[n, N] = bf16(x[n, K]) @ w[N, K]^T into y: x float32 (rounded to nearest even), w bfloat16 bits (uint16), y float32; needs AVX-512 BF16",
           py::arg("x"), py::arg("w"), py::arg("y"));
-    m.def("linear_q4_1", &linear_q4_1, "y[n, N] = x[n, K] @ W^T into y: W's Q4_1 rows as a GGUF holds them, w[N, K / 32 * 20] (uint8); x, y float32; vectorise false: the scalar path",
-          py::arg("x"), py::arg("w"), py::arg("y"), py::arg("vectorise") = true);
-    m.def("has_avx512", &has_avx512, "whether linear_q4_1 runs its AVX-512 path on this CPU");
+    m.def("linear_packed", &linear_packed, "y[n, N] = x[n, K] @ W^T into y: W's rows in GGUF blocks of `format` (0: Q4_1, 1: Q8_0), w[N, K / 32 * bytes] (uint8); x, y float32; vectorise false: the scalar path",
+          py::arg("x"), py::arg("w"), py::arg("y"), py::arg("format"), py::arg("vectorise") = true);
+    m.def("has_avx512", &has_avx512, "whether linear_packed runs its AVX-512 path on this CPU");
     m.def("set_ahead", [](int blocks) {
         if (blocks < 0 || blocks > 64) throw std::invalid_argument("small_linear: ahead must be 0..64 blocks, got " + std::to_string(blocks));
         ahead = blocks; }, "fetch the weight rows this many blocks of output columns ahead (0: no prefetch hints)", py::arg("blocks"));

@@ -42,7 +42,7 @@ def logits_size(model):
     "Number of logits the model produces: its `logits_size` if it declares one (a draft of reduced vocabulary, a head), else the width of its output layer."
     if getattr(model, 'logits_size', None): return model.logits_size
     out = model.get_output_embeddings()
-    return out.weight.shape[0] if out is not None else model.config.vocab_size
+    return (getattr(out, 'out_features', None) or out.weight.shape[0]) if out is not None else model.config.vocab_size
 
 def input_device(model):
     "Where the model wants its input ids (the embedding's device; CPU for an offloaded embedding)."

@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file, load_file
 from .forward import DraftSession, keep_positions, input_device, stacked, rope_turn, fold_mask, grouped_attention
 from .small_linear import bf16_products, linear_product
-from .packed import PackedLinear, q4_1_dequantize
+from .packed import PackedLinear, dequantize
 from .static import host_copy
 
 
@@ -32,11 +32,11 @@ def default_layers(n_layers):
     return (min(2, n_layers), max(1, n_layers // 2), max(1, n_layers - 2))
 
 def _weights(model):
-    "`(name, weight)` of the model's parameters in `named_parameters` order, each once, a `PackedLinear` (06f) counted as its weight dequantised (the first row)."
+    "`(name, shape, weight)` of the model's parameters in `named_parameters` order, each once, a `PackedLinear` (06f) counted as its weight dequantised (the first row), and not at all where it is the embedding's tied weight."
     seen = set()
     for mname, mod in model.named_modules():
         pre = f"{mname}." if mname else ''
-        if isinstance(mod, PackedLinear): yield pre + 'weight', (mod.out_features, mod.in_features), q4_1_dequantize(mod.blocks[:1])[0]
+        if isinstance(mod, PackedLinear) and not mod.tied: yield pre + 'weight', (mod.out_features, mod.in_features), dequantize(mod.blocks[:1], mod.fmt)[0]
         for pname, p in mod.named_parameters(recurse=False):
             if id(p) not in seen: seen.add(id(p)); yield pre + pname, tuple(p.shape), p
 
@@ -137,8 +137,9 @@ class FeatureHead(nn.Module):
                 if ids.shape != (R,) or ids.unique().numel() != R or ids.min() < 0 or ids.max() >= V:
                     raise ValueError(f"vocab_ids must be {R} distinct token ids in [0, {V})")
                 self.vocab_ids.copy_(ids)
-            W = target.get_output_embeddings().weight                              # [V, H]
-            self.lm.weight.copy_(W[self.vocab_ids.to(W.device)].to(self.lm.weight))
+            out = target.get_output_embeddings()                                   # the rows of its R tokens, [R, H]:
+            rows = dequantize(out.blocks[self.vocab_ids], out.fmt) if isinstance(out, PackedLinear) else out.weight[self.vocab_ids.to(out.weight.device)]   # packed (06f): those rows only
+            self.lm.weight.copy_(rows.to(self.lm.weight))
         object.__setattr__(self, '_embed', target.get_input_embeddings())          # not a submodule: not saved, not moved
         return self
 

@@ -5,8 +5,9 @@
 #   PyTorch's int4 kernel `_weight_int4pack_mm_for_cpu` (bfloat16 activations and scales: the fastest of its dtypes
 #   here), medians of 5 rounds, the paths alternating within each round;
 # - decoding: the engine's plain path and its default (DySpec with the shipped head) on the float32 target and on the
-#   same target packed (`pack_gguf`), greedy, MT-Bench prompts, the four decoders taking turns prompt by prompt (order
-#   reversed every other prompt); ms/token, and whether each default's tokens equal its own plain path's.
+#   same target packed (`pack_gguf`), greedy, MT-Bench prompts, the decoders taking turns prompt by prompt (order
+#   reversed every other prompt), and llama.cpp on the same GGUF file and prompt tokens where llama-cpp-python is installed
+#   (`pip install ".[peers]"`); ms/token, and whether each default's tokens equal its own plain path's.
 #     python nbs/experiments/packed_products.py       # PROMPTS=6 NEW=64; OUT=dir writes the record there instead of results/
 import os, sys, json, time, copy
 from pathlib import Path
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 from dyspec_nb.models import load_default_pair, smollm2_gguf, head_dir
-from dyspec_nb.packed import pack_gguf, PackedLinear, q4_1_linear, q4_1_dequantize
+from dyspec_nb.packed import pack_gguf, PackedLinear, packed_linear, dequantize
 from dyspec_nb.small_linear import small_linear
 from dyspec_nb.head import load_head
 from dyspec_nb.data import mtbench_prompts
@@ -27,9 +28,9 @@ from dyspec_nb.timing import cpu_name, machine_fingerprint
 PROMPTS, NEW, ROWS = int(os.environ.get('PROMPTS', 6)), int(os.environ.get('NEW', 64)), (1, 3, 8, 16, 64)
 target, head, tok = load_default_pair()
 packed = pack_gguf(copy.deepcopy(target), smollm2_gguf())
-layers = [m for m in packed.modules() if isinstance(m, PackedLinear)]
+layers = [m for m in packed.model.layers.modules() if isinstance(m, PackedLinear)]   # the 210 decoder-layer products (the output layer apart)
 blocks = [m.blocks for m in layers]
-weights = [q4_1_dequantize(b) for b in blocks]                                  # the float32 weights, as the target holds them
+weights = [dequantize(b, "Q4_1") for b in blocks]                                  # the float32 weights, as the target holds them
 int4 = [torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.cat([b.view(b.shape[0], -1, 20)[..., 4:] & 15, b.view(b.shape[0], -1, 20)[..., 4:] >> 4], -1).reshape(b.shape[0], -1).int(), 2) for b in blocks]
 sz = [torch.stack([b.view(b.shape[0], -1, 20)[..., 0:2].contiguous().view(torch.float16).squeeze(-1),
                    (b.view(b.shape[0], -1, 20)[..., 2:4].contiguous().view(torch.float16).float() + 8 * b.view(b.shape[0], -1, 20)[..., 0:2].contiguous().view(torch.float16).float()).squeeze(-1)], -1).transpose(0, 1).to(torch.bfloat16).contiguous() for b in blocks]   # [K/32, N, 2]: w = (q - 8) d + (m + 8 d)
@@ -41,28 +42,41 @@ with torch.no_grad():
         xb = {k: x.bfloat16() for k, x in xs.items()}
         paths = {'float32, few-row kernel': lambda: [small_linear(xs[w.shape[1]], w) for w in weights],
                  'float32, F.linear': lambda: [F.linear(xs[w.shape[1]], w) for w in weights],
-                 'Q4_1 kernel': lambda: [q4_1_linear(xs[w.shape[1]], b) for w, b in zip(weights, blocks)],
+                 'Q4_1 kernel': lambda: [packed_linear(xs[w.shape[1]], b) for w, b in zip(weights, blocks)],
                  'int4pack, bfloat16': lambda: [torch.ops.aten._weight_int4pack_mm_for_cpu(xb[w.shape[1]], p, 32, s) for w, p, s in zip(weights, int4, sz)]}
         times = {k: [] for k in paths}
         for f in paths.values(): f()                                            # warm-up
         for _ in range(5):
             for k, f in paths.items(): t = time.perf_counter(); f(); times[k].append(time.perf_counter() - t)
         entry['products'][str(M)] = {k: 1e3 * float(np.median(t)) for k, t in times.items()}   # ms for all 210 products
-    err = (q4_1_linear(xs[576][:1], blocks[0]) - F.linear(xs[576][:1], weights[0])).abs().max().item()
+    err = (packed_linear(xs[576][:1], blocks[0]) - F.linear(xs[576][:1], weights[0])).abs().max().item()
     entry['q4_1_max_abs_difference_one_layer'] = err
     phead = load_head(head_dir(), packed)
     decs = {'float32: plain': SpecDecoder(target, None, 'autoregressive'), 'float32: default': SpecDecoder(target, head),
             'packed: plain': SpecDecoder(packed, None, 'autoregressive'), 'packed: default': SpecDecoder(packed, phead)}
     prompts = mtbench_prompts(tok, PROMPTS)
-    for d in decs.values(): d.generate(prompts[0], max_new_tokens=16)
-    secs, outs = {k: 0.0 for k in decs}, {k: [] for k in decs}
-    bar = tqdm(total=len(prompts) * len(decs), desc='decoding: prompt x decoder')
+    runs = {k: (lambda p, d=d: d.generate(p, max_new_tokens=NEW, temperature=0.0).tokens.tolist()) for k, d in decs.items()}
+    try:                                                                        # llama.cpp on the same file and prompt tokens, greedy
+        from llama_cpp import Llama, __version__ as llama_cpp_version
+        llm = Llama(model_path=str(smollm2_gguf()), n_threads=torch.get_num_threads(), n_ctx=2048, verbose=False)
+        def llama(p):
+            out = []
+            for x in llm.generate(p[0].tolist(), top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
+                out.append(x)
+                if x == llm.token_eos() or len(out) >= NEW: break
+            return out
+        runs['llama.cpp'] = llama
+        entry['llama_cpp'] = llama_cpp_version
+    except ImportError: entry['llama_cpp'] = None
+    for f in runs.values(): f(prompts[0])                                       # warm-up
+    secs, outs = {k: 0.0 for k in runs}, {k: [] for k in runs}
+    bar = tqdm(total=len(prompts) * len(runs), desc='decoding: prompt x decoder')
     for i, p in enumerate(prompts):
-        for k in list(decs)[::-1 if i % 2 else 1]:
-            t = time.perf_counter(); o = decs[k].generate(p, max_new_tokens=NEW, temperature=0.0).tokens.tolist(); secs[k] += time.perf_counter() - t
+        for k in list(runs)[::-1 if i % 2 else 1]:
+            t = time.perf_counter(); o = runs[k](p); secs[k] += time.perf_counter() - t
             outs[k].append(o); bar.update()
     bar.close()
-    entry['decoding'] = dict(prompts=PROMPTS, new_tokens=NEW, rows={k: dict(ms_per_token=1e3 * secs[k] / sum(map(len, outs[k]))) for k in decs},
+    entry['decoding'] = dict(prompts=PROMPTS, new_tokens=NEW, rows={k: dict(ms_per_token=1e3 * secs[k] / sum(map(len, outs[k])), same_as_float32_plain=outs[k] == outs['float32: plain']) for k in runs},
                              default_equals_plain={w: outs[f'{w}: default'] == outs[f'{w}: plain'] for w in ('float32', 'packed')},
                              packed_equals_float32_plain=outs['packed: plain'] == outs['float32: plain'])
 out = Path(os.environ.get('OUT') or ROOT / 'results'); out.mkdir(parents=True, exist_ok=True)
