@@ -359,6 +359,19 @@ static void linear_packed(farr x, qarr w, farr y, int format, bool vectorise) {
     else packed_impl<Q8_0>(xp, n, K, wp, N, yp, vec);
 }
 
+// The same product on raw addresses, for the per-product path of `packed_linear`: no array conversions, about 10 µs less a
+// call than `linear_packed` through numpy views. The caller has checked what the arrays would: float32 x[n, K] and
+// y[n, N], uint8 w[N, K / 32 * bytes], all C-contiguous, K a multiple of 32.
+static void linear_packed_at(std::uintptr_t x, i64 n, i64 K, std::uintptr_t w, i64 N, std::uintptr_t y, int format, bool vectorise) {
+    if (format != Q4_1 && format != Q8_0) throw std::invalid_argument("linear_packed_at: format must be 0 (Q4_1) or 1 (Q8_0), got " + std::to_string(format));
+    if (n < 0 || N < 0 || K <= 0 || K % QK) throw std::invalid_argument("linear_packed_at: bad shape n=" + std::to_string(n) + ", K=" + std::to_string(K) + ", N=" + std::to_string(N));
+    const float* xp = reinterpret_cast<const float*>(x); const std::uint8_t* wp = reinterpret_cast<const std::uint8_t*>(w); float* yp = reinterpret_cast<float*>(y);
+    const bool vec = vectorise && has_avx512();
+    py::gil_scoped_release nogil;
+    if (format == Q4_1) packed_impl<Q4_1>(xp, n, K, wp, N, yp, vec);
+    else packed_impl<Q8_0>(xp, n, K, wp, N, yp, vec);
+}
+
 static const char* path_name(int limit) {
     switch (path_for(limit)) { case AVX512VL: return "avx512vl"; case AVX2: return "avx2"; default: return "scalar"; }
 }
@@ -371,6 +384,8 @@ PYBIND11_MODULE(_linear, m) {
           py::arg("x"), py::arg("w"), py::arg("y"));
     m.def("linear_packed", &linear_packed, "y[n, N] = x[n, K] @ W^T into y: W's rows in GGUF blocks of `format` (0: Q4_1, 1: Q8_0), w[N, K / 32 * bytes] (uint8); x, y float32; vectorise false: the scalar path",
           py::arg("x"), py::arg("w"), py::arg("y"), py::arg("format"), py::arg("vectorise") = true);
+    m.def("linear_packed_at", &linear_packed_at, "linear_packed on raw addresses (x, w, y as data pointers; the caller checks shapes, dtypes and contiguity)",
+          py::arg("x"), py::arg("n"), py::arg("K"), py::arg("w"), py::arg("N"), py::arg("y"), py::arg("format"), py::arg("vectorise") = true);
     m.def("has_avx512", &has_avx512, "whether linear_packed runs its AVX-512 path on this CPU");
     m.def("set_ahead", [](int blocks) {
         if (blocks < 0 || blocks > 64) throw std::invalid_argument("small_linear: ahead must be 0..64 blocks, got " + std::to_string(blocks));

@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['BLOCK', 'FORMATS', 'GGUF_LINEARS', 'dequantize', 'packed_linear', 'PackedLinear', 'pack_gguf', 'packed_bytes']
 
-# %% ../nbs/api/3-forward/06f_packed.ipynb #6811b802
+# %% ../nbs/api/3-forward/06f_packed.ipynb #1c22fa35
 import functools
 import numpy as np
 import torch
@@ -13,9 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 from .small_linear import _linear
 
-_PACKED = _linear is not None and hasattr(_linear, 'linear_packed')   # the extension is built with the packed kernel
+_PACKED = _linear is not None and hasattr(_linear, 'linear_packed_at')   # the extension is built with the packed kernel
 
-# %% ../nbs/api/3-forward/06f_packed.ipynb #329d6439
+# %% ../nbs/api/3-forward/06f_packed.ipynb #70a3d51a
 BLOCK = 32                                   # weights per block, in every format here
 FORMATS = {'Q4_1': 20, 'Q8_0': 34}           # format -> bytes per block: Q4_1 d, m (float16), 16 bytes of nibbles; Q8_0 d (float16), 32 int8
 _KERNEL_FORMAT = {'Q4_1': 0, 'Q8_0': 1}      # the kernel's code for each
@@ -42,25 +42,26 @@ def dequantize(blocks,              # ByteTensor[N, K / 32 * bytes]: rows of blo
     q = torch.cat([qs & 0x0F, qs >> 4], -1).float()                         # [N, B, 32]: low nibbles q_0..q_15, then the high ones
     return (d * q + m).reshape(N, nb * BLOCK)                               # [N, K]
 
-# %% ../nbs/api/3-forward/06f_packed.ipynb #1489e92a
+# %% ../nbs/api/3-forward/06f_packed.ipynb #2317eb29
 def packed_linear(x,                # FloatTensor[..., K]
                   blocks,           # ByteTensor[N, K / 32 * bytes]: W's rows in blocks of `fmt`
                   bias=None,        # FloatTensor[N] or None
                   fmt='Q4_1',       # the blocks' format, one of FORMATS
                   vectorise=True):  # False: the kernel's scalar path (for tests)
     "`x @ W.T (+ bias)` with W the packed rows `blocks`, float32: FloatTensor[..., N]; the C++ kernel on the CPU, else the reference."
-    if (_PACKED and x.dtype == torch.float32 and blocks.dtype == torch.uint8 and x.is_cpu and blocks.is_cpu   # the kernel's path: few
-            and not torch.is_grad_enabled() and not torch.compiler.is_compiling() and x.numel()):          # checks, it runs per product
-        K = x.shape[-1]
-        if fmt not in _KERNEL_FORMAT: _check_blocks(blocks, fmt, K)
-        y = torch.empty(*x.shape[:-1], blocks.shape[0])                        # [..., N]
-        try: _linear.linear_packed(x.detach().reshape(-1, K).contiguous().numpy(), blocks.contiguous().numpy(), y.view(-1, blocks.shape[0]).numpy(), _KERNEL_FORMAT[fmt], vectorise)
-        except ValueError: _check_blocks(blocks, fmt, K); raise
+    if (_PACKED and x.dtype == torch.float32 and blocks.dtype == torch.uint8 and x.is_cpu and blocks.is_cpu   # the kernel's path: it
+            and not torch.is_grad_enabled() and not torch.compiler.is_compiling() and x.numel()):          # runs per product, so
+        K, N = x.shape[-1], blocks.shape[0]                                    # the checks are the few that its raw addresses need
+        if fmt not in _KERNEL_FORMAT or K % BLOCK or blocks.dim() != 2 or blocks.shape[1] * BLOCK != K * FORMATS[fmt]: _check_blocks(blocks, fmt, K)
+        xs = x.detach().reshape(-1, K).contiguous()                            # [n, K]
+        w = blocks if blocks.is_contiguous() else blocks.contiguous()
+        y = torch.empty(*x.shape[:-1], N)                                      # [..., N]
+        _linear.linear_packed_at(xs.data_ptr(), xs.shape[0], K, w.data_ptr(), N, y.data_ptr(), _KERNEL_FORMAT[fmt], vectorise)
         return y if bias is None else y.add_(bias.detach())
     _check_blocks(blocks, fmt, x.shape[-1])
     return F.linear(x, dequantize(blocks, fmt).to(x.device, x.dtype), bias)
 
-# %% ../nbs/api/3-forward/06f_packed.ipynb #d816f592
+# %% ../nbs/api/3-forward/06f_packed.ipynb #6521fe79
 GGUF_LINEARS = {'attn_q': 'self_attn.q_proj', 'attn_k': 'self_attn.k_proj', 'attn_v': 'self_attn.v_proj', 'attn_output': 'self_attn.o_proj',
                 'ffn_gate': 'mlp.gate_proj', 'ffn_up': 'mlp.up_proj', 'ffn_down': 'mlp.down_proj'}   # GGUF name in blk.{i} -> module in model.layers.{i}
 
