@@ -227,7 +227,6 @@ static void linear_bf16(farr x, barr w, farr y) {
 // rows, 2 x 8 above. Each output is summed the same way whatever n is: lane l adds block by block the products at
 // k = 32 b + l, then at 32 b + 16 + l (one FMA each), and the 16 lanes are added in a fixed tree; the scalar path (a
 // CPU without AVX-512) makes the same FMAs in the same order.
-using qarr = py::array_t<std::uint8_t, py::array::c_style>;
 constexpr i64 QK = 32;
 enum Format { Q4_1 = 0, Q8_0 = 1 };
 constexpr i64 block_bytes(Format f) { return f == Q4_1 ? 20 : 34; }
@@ -340,28 +339,10 @@ static void packed_impl(const float* x, i64 n, i64 K, const std::uint8_t* w, i64
     else over_columns<4>(N, [&](i64 j, auto ob) { columns_packed<F, decltype(ob)::value, 4, false>(x, n, K, w + j * ldw, y + j, N); });
 }
 
-// y[n, N] = x[n, K] @ W^T, W's rows in blocks of `format` (0: Q4_1, 1: Q8_0), w[N, K / 32 * bytes] (uint8); x, y float32;
-// all C-contiguous; vectorise false: the scalar path
-static void linear_packed(farr x, qarr w, farr y, int format, bool vectorise) {
-    if (format != Q4_1 && format != Q8_0) throw std::invalid_argument("linear_packed: format must be 0 (Q4_1) or 1 (Q8_0), got " + std::to_string(format));
-    if (x.ndim() != 2 || w.ndim() != 2 || y.ndim() != 2) throw std::invalid_argument("linear_packed: x, w and y must be 2-D");
-    const Format f = Format(format);
-    i64 n = x.shape(0), K = x.shape(1), N = w.shape(0);
-    if (K % QK) throw std::invalid_argument("linear_packed: x has " + std::to_string(K) + " columns, not a multiple of 32");
-    if (w.shape(1) != K / QK * block_bytes(f))
-        throw std::invalid_argument("linear_packed: w has " + std::to_string(w.shape(1)) + " bytes a row, " + std::to_string(K) + " weights take " + std::to_string(K / QK * block_bytes(f)));
-    if (y.shape(0) != n || y.shape(1) != N)
-        throw std::invalid_argument("linear_packed: y must have shape [" + std::to_string(n) + ", " + std::to_string(N) + "]");
-    const float* xp = x.data(); const std::uint8_t* wp = w.data(); float* yp = y.mutable_data();
-    const bool vec = vectorise && has_avx512();
-    py::gil_scoped_release nogil;
-    if (f == Q4_1) packed_impl<Q4_1>(xp, n, K, wp, N, yp, vec);
-    else packed_impl<Q8_0>(xp, n, K, wp, N, yp, vec);
-}
-
-// The same product on raw addresses, for the per-product path of `packed_linear`: no array conversions, about 10 µs less a
-// call than `linear_packed` through numpy views. The caller has checked what the arrays would: float32 x[n, K] and
-// y[n, N], uint8 w[N, K / 32 * bytes], all C-contiguous, K a multiple of 32.
+// y[n, N] = x[n, K] @ W^T on raw addresses (data pointers): W's rows in blocks of `format` (0: Q4_1, 1: Q8_0),
+// w[N, K / 32 * bytes] (uint8); x, y float32; all C-contiguous; vectorise false: the scalar path. No arrays cross the
+// boundary, which keeps the call a few microseconds shorter than one through numpy views (it runs per product): the
+// caller (`packed_linear`, 06f) checks the dtypes, shapes and contiguity that arrays would carry.
 static void linear_packed_at(std::uintptr_t x, i64 n, i64 K, std::uintptr_t w, i64 N, std::uintptr_t y, int format, bool vectorise) {
     if (format != Q4_1 && format != Q8_0) throw std::invalid_argument("linear_packed_at: format must be 0 (Q4_1) or 1 (Q8_0), got " + std::to_string(format));
     if (n < 0 || N < 0 || K <= 0 || K % QK) throw std::invalid_argument("linear_packed_at: bad shape n=" + std::to_string(n) + ", K=" + std::to_string(K) + ", N=" + std::to_string(N));
@@ -382,11 +363,9 @@ PYBIND11_MODULE(_linear, m) {
           py::arg("x"), py::arg("w"), py::arg("y"), py::arg("limit") = 2);
     m.def("linear_bf16", &linear_bf16, "y[n, N] = bf16(x[n, K]) @ w[N, K]^T into y: x float32 (rounded to nearest even), w bfloat16 bits (uint16), y float32; needs AVX-512 BF16",
           py::arg("x"), py::arg("w"), py::arg("y"));
-    m.def("linear_packed", &linear_packed, "y[n, N] = x[n, K] @ W^T into y: W's rows in GGUF blocks of `format` (0: Q4_1, 1: Q8_0), w[N, K / 32 * bytes] (uint8); x, y float32; vectorise false: the scalar path",
-          py::arg("x"), py::arg("w"), py::arg("y"), py::arg("format"), py::arg("vectorise") = true);
-    m.def("linear_packed_at", &linear_packed_at, "linear_packed on raw addresses (x, w, y as data pointers; the caller checks shapes, dtypes and contiguity)",
+    m.def("linear_packed_at", &linear_packed_at, "y[n, N] = x[n, K] @ W^T on raw addresses: x, y float32, W's rows in GGUF blocks of `format` (0: Q4_1, 1: Q8_0), w[N, K / 32 * bytes] uint8, all C-contiguous (the caller checks); vectorise false: the scalar path",
           py::arg("x"), py::arg("n"), py::arg("K"), py::arg("w"), py::arg("N"), py::arg("y"), py::arg("format"), py::arg("vectorise") = true);
-    m.def("has_avx512", &has_avx512, "whether linear_packed runs its AVX-512 path on this CPU");
+    m.def("has_avx512", &has_avx512, "whether linear_packed_at runs its AVX-512 path on this CPU");
     m.def("set_ahead", [](int blocks) {
         if (blocks < 0 || blocks > 64) throw std::invalid_argument("small_linear: ahead must be 0..64 blocks, got " + std::to_string(blocks));
         ahead = blocks; }, "fetch the weight rows this many blocks of output columns ahead (0: no prefetch hints)", py::arg("blocks"));

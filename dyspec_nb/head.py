@@ -137,8 +137,10 @@ class FeatureHead(nn.Module):
                 if ids.shape != (R,) or ids.unique().numel() != R or ids.min() < 0 or ids.max() >= V:
                     raise ValueError(f"vocab_ids must be {R} distinct token ids in [0, {V})")
                 self.vocab_ids.copy_(ids)
-            out = target.get_output_embeddings()                                   # the rows of its R tokens, [R, H]:
-            rows = dequantize(out.blocks[self.vocab_ids], out.fmt) if isinstance(out, PackedLinear) else out.weight[self.vocab_ids.to(out.weight.device)]   # packed (06f): those rows only
+            out = target.get_output_embeddings()                                   # its output layer: the rows of the R tokens, [R, H]
+            W = out.blocks if isinstance(out, PackedLinear) else out.weight                # [V, H], or its packed rows (06f): only R rows unpacked
+            rows = W[self.vocab_ids.to(W.device)]
+            if isinstance(out, PackedLinear): rows = dequantize(rows, out.fmt)
             self.lm.weight.copy_(rows.to(self.lm.weight))
         object.__setattr__(self, '_embed', target.get_input_embeddings())          # not a submodule: not saved, not moved
         return self

@@ -18,7 +18,7 @@ _PACKED = _linear is not None and hasattr(_linear, 'linear_packed_at')   # the e
 # %% ../nbs/api/3-forward/06f_packed.ipynb #70a3d51a
 BLOCK = 32                                   # weights per block, in every format here
 FORMATS = {'Q4_1': 20, 'Q8_0': 34}           # format -> bytes per block: Q4_1 d, m (float16), 16 bytes of nibbles; Q8_0 d (float16), 32 int8
-_KERNEL_FORMAT = {'Q4_1': 0, 'Q8_0': 1}      # the kernel's code for each
+_KERNEL_FORMAT = {f: i for i, f in enumerate(FORMATS)}   # the kernel's code for each (csrc's `Format`, in this order)
 
 def _check_blocks(blocks, fmt, K=None):
     "A ValueError unless `blocks` are rows of `fmt` blocks (of K weights each, if given)."
@@ -96,26 +96,24 @@ def pack_gguf(model,        # a model of `LEAN_FAMILIES` loaded from the GGUF fi
     tensors, c = _gguf_tensors(path), model.config
     def checked(name, fmt, blocks, w, heads=None):                         # the blocks, rows reordered where the model's are, or a ValueError
         if torch.equal(dequantize(blocks, fmt), w): return blocks
-        if heads and torch.equal(dequantize(blocks[_rope_rows(blocks.shape[0], heads)], fmt), w): return blocks[_rope_rows(blocks.shape[0], heads)]
+        if heads and torch.equal(dequantize(turned := blocks[_rope_rows(blocks.shape[0], heads)], fmt), w): return turned
         raise ValueError(f"{name} of {path} dequantised is not the model's weight it names: is the model loaded from this file?")
-    swaps = []                                                              # (module, attribute, PackedLinear): all checked, then made
+    swaps = {}                                                              # module name -> PackedLinear: all checked, then made
     for i, layer in enumerate(model.model.layers):
         names = {k: f'blk.{i}.{k}.weight' for k in GGUF_LINEARS}
         if not all(tensors.get(n, ('',))[0] == 'Q4_1' for n in names.values()): continue   # a layer packs whole, or stays
         for k, n in names.items():
-            owner_name, _, attr = GGUF_LINEARS[k].rpartition('.')
-            owner = layer.get_submodule(owner_name)
-            lin = getattr(owner, attr)
+            lin = layer.get_submodule(GGUF_LINEARS[k])
             heads = {'attn_q': c.num_attention_heads, 'attn_k': c.num_key_value_heads}.get(k)
-            swaps.append((owner, attr, PackedLinear(checked(n, 'Q4_1', tensors[n][1], lin.weight, heads).contiguous(), 'Q4_1', lin.bias)))
+            swaps[f'model.layers.{i}.{GGUF_LINEARS[k]}'] = PackedLinear(checked(n, 'Q4_1', tensors[n][1], lin.weight, heads).contiguous(), 'Q4_1', lin.bias)
     head = model.get_output_embeddings()
     tied = 'output.weight' not in tensors and head.weight is model.get_input_embeddings().weight
     out = 'token_embd.weight' if tied else 'output.weight'
     if out in tensors and head.bias is None:
         fmt, blocks = tensors[out]
-        swaps.append((model, 'lm_head', PackedLinear(checked(out, fmt, blocks, head.weight).contiguous(), fmt, tied=tied)))
+        swaps[next(n for n, m in model.named_modules() if m is head)] = PackedLinear(checked(out, fmt, blocks, head.weight).contiguous(), fmt, tied=tied)
     if not swaps: raise ValueError(f"{path} holds no layer in {' or '.join(FORMATS)} (decoder layers pack when all seven products are Q4_1): nothing to pack")
-    for owner, attr, p in swaps: setattr(owner, attr, p)
+    for name, p in swaps.items(): model.set_submodule(name, p)
     return model
 
 def packed_bytes(model):

@@ -31,9 +31,13 @@ packed = pack_gguf(copy.deepcopy(target), smollm2_gguf())
 layers = [m for m in packed.model.layers.modules() if isinstance(m, PackedLinear)]   # the 210 decoder-layer products (the output layer apart)
 blocks = [m.blocks for m in layers]
 weights = [dequantize(b, "Q4_1") for b in blocks]                                  # the float32 weights, as the target holds them
-int4 = [torch.ops.aten._convert_weight_to_int4pack_for_cpu(torch.cat([b.view(b.shape[0], -1, 20)[..., 4:] & 15, b.view(b.shape[0], -1, 20)[..., 4:] >> 4], -1).reshape(b.shape[0], -1).int(), 2) for b in blocks]
-sz = [torch.stack([b.view(b.shape[0], -1, 20)[..., 0:2].contiguous().view(torch.float16).squeeze(-1),
-                   (b.view(b.shape[0], -1, 20)[..., 2:4].contiguous().view(torch.float16).float() + 8 * b.view(b.shape[0], -1, 20)[..., 0:2].contiguous().view(torch.float16).float()).squeeze(-1)], -1).transpose(0, 1).to(torch.bfloat16).contiguous() for b in blocks]   # [K/32, N, 2]: w = (q - 8) d + (m + 8 d)
+def int4pack(b):
+    "PyTorch's int4 layout of Q4_1 rows b [N, K / 32 * 20]: (packed weight, bfloat16 scales and zeros [K / 32, N, 2]), w = (q - 8) d + (m + 8 d)."
+    blk = b.view(b.shape[0], -1, 20)                                            # [N, B, 20]
+    d, m = (blk[..., i:i + 2].contiguous().view(torch.float16).float()[..., 0] for i in (0, 2))   # [N, B] each
+    q = torch.cat([blk[..., 4:] & 15, blk[..., 4:] >> 4], -1).reshape(b.shape[0], -1).int()      # [N, K]
+    return torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 2), torch.stack([d, m + 8 * d], -1).transpose(0, 1).to(torch.bfloat16).contiguous()
+int4, sz = zip(*map(int4pack, blocks))
 entry = dict(date=time.strftime('%Y-%m-%d'), machine=machine_fingerprint(), threads=torch.get_num_threads(), weights=sum(w.numel() for w in weights),
              bytes=dict(float32=sum(w.numel() * 4 for w in weights), q4_1=sum(b.numel() for b in blocks)), products={}, decoding={})
 with torch.no_grad():
