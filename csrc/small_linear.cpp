@@ -353,6 +353,190 @@ static void linear_packed_at(std::uintptr_t x, i64 n, i64 K, std::uintptr_t w, i
     else packed_impl<Q8_0>(xp, n, K, wp, N, yp, vec);
 }
 
+
+
+// ---- one decoder layer on Q4_1 blocks: the engine's forward of a packed Llama, Qwen2 or Mistral target ----
+// nbs/api/3-forward/06f_packed.ipynb is the specification and `lean_layers` (06b) on the same packed weights the
+// reference. Per layer, in place on the residual stream x[q, H]:
+//   h = rmsnorm(x) * ln1; qkv = h @ Wqkv^T (+ b); q, k turned (rotate_half, the model's cos and sin per row); k, v into the
+//   cache at the rows' slots; a = attention of each query head over the slots its row may see; x += a @ Wo^T;
+//   h = rmsnorm(x) * ln2; [g, u] = h @ Wgu^T; x += (silu(g) u) @ Wdown^T.
+// What a step costs outside the products (PyTorch's per-op dispatch, about 15 ops a layer, and SDPA's setup) becomes one
+// call a layer. Exactness: every row is computed from its own inputs and from the keys it may see, in the same order
+// whatever else is in the call. The norms sum each row in 16 lanes added in a fixed tree; attention first lists the
+// slots a row sees (mask > -1e30 among the first S, or without a mask those up to its own), in slot order, and then scores, exponentiates, sums
+// and averages over that list: a tree node's ancestors are in topological order, so a row sees the same keys in the same
+// order as the same token decoded as a chain, and gets the same bits. The products are `linear_packed_at`'s, whose
+// outputs do not depend on the number of rows either. exp is a Cephes polynomial (relative error about 1e-7), computed
+// in 16-lane registers on every element (a masked tail, no scalar remainder) on the AVX-512 path; the scalar path
+// (no AVX-512, or vectorise false) uses std::exp: each path agrees with itself, not bit for bit with the other.
+__attribute__((target("avx512f,avx512vl,fma"))) static inline __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.33654f)), _mm512_set1_ps(88.72283f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);                                              // p * 2^n
+}
+
+__attribute__((target("avx512f,avx512vl,fma"))) static inline float sum_squares16(const float* x, i64 H) {   // H % 16 == 0
+    __m512 acc = _mm512_setzero_ps();
+    for (i64 k = 0; k < H; k += 16) { const __m512 v = _mm512_loadu_ps(x + k); acc = _mm512_fmadd_ps(v, v, acc); }
+    alignas(64) float l[16]; _mm512_store_ps(l, acc); return lanes16(l);
+}
+
+static inline float sum_squares(const float* x, i64 H) {
+    float l[16] = {};
+    for (i64 k = 0; k < H; k += 16) for (int j = 0; j < 16; ++j) l[j] = std::fma(x[k + j], x[k + j], l[j]);
+    return lanes16(l);
+}
+
+// h[i] = w * (x[i] / sqrt(mean(x[i]^2) + eps)) for q rows of H
+static void rmsnorm(const float* x, const float* w, float eps, i64 q, i64 H, float* h, bool vec) {
+    for (i64 i = 0; i < q; ++i) {
+        const float* xi = x + i * H;
+        const float r = 1.0f / std::sqrt((vec ? sum_squares16(xi, H) : sum_squares(xi, H)) / float(H) + eps);
+        for (i64 k = 0; k < H; ++k) h[i * H + k] = w[k] * (xi[k] * r);
+    }
+}
+
+// x[j] (cos[j]) + rotate_half(x)[j] (sin[j]) over one head of d, rotate_half(x) = [-x[d/2:], x[:d/2]]
+static inline void rope_head(float* x, const float* cos, const float* sin, i64 d) {
+    const i64 h = d / 2;
+    for (i64 j = 0; j < h; ++j) {
+        const float a = x[j], b = x[j + h];
+        x[j] = a * cos[j] + (-b) * sin[j];
+        x[j + h] = b * cos[j + h] + a * sin[j + h];
+    }
+}
+
+__attribute__((target("avx512f,avx512vl,fma"))) static inline float dot16(const float* a, const float* b, i64 d) {   // d % 16 == 0
+    __m512 acc = _mm512_setzero_ps();
+    for (i64 k = 0; k < d; k += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + k), _mm512_loadu_ps(b + k), acc);
+    alignas(64) float l[16]; _mm512_store_ps(l, acc); return lanes16(l);
+}
+
+static inline float dot_scalar(const float* a, const float* b, i64 d) {
+    float l[16] = {};
+    for (i64 k = 0; k < d; k += 16) for (int j = 0; j < 16; ++j) l[j] = std::fma(a[k + j], b[k + j], l[j]);
+    return lanes16(l);
+}
+
+// e[c] = exp(s[c] - m) for c < n, and their sum (16 lanes over c, added in a fixed tree)
+__attribute__((target("avx512f,avx512vl,fma"))) static float exp_sum16(float* s, i64 n, float m) {
+    __m512 acc = _mm512_setzero_ps();
+    const __m512 mv = _mm512_set1_ps(m);
+    for (i64 c = 0; c < n; c += 16) {
+        const __mmask16 k = n - c >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - c)) - 1);
+        const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + c), mv)));
+        _mm512_mask_storeu_ps(s + c, k, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    alignas(64) float l[16]; _mm512_store_ps(l, acc); return lanes16(l);
+}
+
+static float exp_sum(float* s, i64 n, float m) {
+    float l[16] = {};
+    for (i64 c = 0; c < n; ++c) { s[c] = std::exp(s[c] - m); l[c % 16] += s[c]; }
+    return lanes16(l);
+}
+
+// out[:d] = sum_c p[c] v[slot[c]] / total, over the listed slots in order
+__attribute__((target("avx512f,avx512vl,fma"))) static void average16(const float* p, const std::int32_t* slot, i64 n, const float* v, i64 d, float total, float* out) {
+    for (i64 k = 0; k < d; k += 16) {
+        __m512 acc = _mm512_setzero_ps();
+        for (i64 c = 0; c < n; ++c) acc = _mm512_fmadd_ps(_mm512_set1_ps(p[c]), _mm512_loadu_ps(v + slot[c] * d + k), acc);
+        _mm512_storeu_ps(out + k, _mm512_div_ps(acc, _mm512_set1_ps(total)));
+    }
+}
+
+static void average_scalar(const float* p, const std::int32_t* slot, i64 n, const float* v, i64 d, float total, float* out) {
+    for (i64 k = 0; k < d; ++k) {
+        float acc = 0;
+        for (i64 c = 0; c < n; ++c) acc = std::fma(p[c], v[slot[c] * d + k], acc);
+        out[k] = acc / total;
+    }
+}
+
+// silu(g) u = g u / (1 + exp(-g)) for the I columns of each row of gu[q, 2I] (g then u), into a[q, I]
+__attribute__((target("avx512f,avx512vl,fma"))) static void silu_mul16(const float* gu, i64 q, i64 I, float* a) {   // I % 16 == 0
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (i64 i = 0; i < q; ++i) for (i64 k = 0; k < I; k += 16) {
+        const __m512 g = _mm512_loadu_ps(gu + i * 2 * I + k), u = _mm512_loadu_ps(gu + i * 2 * I + I + k);
+        const __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+        _mm512_storeu_ps(a + i * I + k, _mm512_mul_ps(s, u));
+    }
+}
+
+static void packed_layer_at(std::uintptr_t x_, i64 q, i64 H, std::uintptr_t ln1_, std::uintptr_t ln2_, double eps,
+                            std::uintptr_t wqkv, std::uintptr_t bqkv_, std::uintptr_t wo, std::uintptr_t wgu, std::uintptr_t wdown, i64 I,
+                            i64 nh, i64 nkv, i64 d, std::uintptr_t cos_, std::uintptr_t sin_,
+                            std::uintptr_t kc_, std::uintptr_t vc_, i64 cap, std::uintptr_t slots_, i64 S, std::uintptr_t mask_, double scale, bool vectorise) {
+    if (q <= 0 || H % QK || I % QK || d % 16 || d <= 0 || nh <= 0 || nkv <= 0 || nh % nkv || (nh * d) % QK || S < 1 || S > cap)
+        throw std::invalid_argument("packed_layer_at: bad shape q=" + std::to_string(q) + ", H=" + std::to_string(H) + ", I=" + std::to_string(I) + ", heads "
+                                    + std::to_string(nh) + "/" + std::to_string(nkv) + " of " + std::to_string(d) + ", S=" + std::to_string(S) + ", capacity " + std::to_string(cap));
+    const i64* slots = reinterpret_cast<const i64*>(slots_);
+    for (i64 i = 0; i < q; ++i) if (slots[i] < 0 || slots[i] >= cap || (!mask_ && slots[i] >= S))
+        throw std::invalid_argument("packed_layer_at: slot " + std::to_string(slots[i]) + " of row " + std::to_string(i) + " lies outside the cache's " + std::to_string(mask_ ? cap : S) + " slots");
+    float* x = reinterpret_cast<float*>(x_);
+    const float *ln1 = reinterpret_cast<const float*>(ln1_), *ln2 = reinterpret_cast<const float*>(ln2_), *bqkv = reinterpret_cast<const float*>(bqkv_);
+    const float *cos = reinterpret_cast<const float*>(cos_), *sin = reinterpret_cast<const float*>(sin_), *mask = reinterpret_cast<const float*>(mask_);
+    float *kc = reinterpret_cast<float*>(kc_), *vc = reinterpret_cast<float*>(vc_);
+    auto W = [](std::uintptr_t p) { return reinterpret_cast<const std::uint8_t*>(p); };
+    const bool vec = vectorise && has_avx512();
+    const i64 Nqkv = (nh + 2 * nkv) * d, groups = nh / nkv;
+    py::gil_scoped_release nogil;
+    std::vector<float> h(std::size_t(q * std::max(H, nh * d))), qkv(std::size_t(q * Nqkv)), a(std::size_t(q * nh * d)), gu(std::size_t(q * 2 * I)), y(std::size_t(q * H));
+    rmsnorm(x, ln1, float(eps), q, H, h.data(), vec);
+    packed_impl<Q4_1>(h.data(), q, H, W(wqkv), Nqkv, qkv.data(), vec);
+    for (i64 i = 0; i < q; ++i) {
+        float* r = qkv.data() + i * Nqkv;
+        if (bqkv) for (i64 j = 0; j < Nqkv; ++j) r[j] += bqkv[j];
+        for (i64 j = 0; j < nh + nkv; ++j) rope_head(r + j * d, cos + i * d, sin + i * d, d);     // query heads, then key heads
+        for (i64 j = 0; j < nkv; ++j) {
+            std::memcpy(kc + (j * cap + slots[i]) * d, r + (nh + j) * d, sizeof(float) * d);
+            std::memcpy(vc + (j * cap + slots[i]) * d, r + (nh + nkv + j) * d, sizeof(float) * d);
+        }
+    }
+    #pragma omp parallel
+    {
+        std::vector<float> s(static_cast<std::size_t>(S)); std::vector<std::int32_t> slot(static_cast<std::size_t>(S));
+        #pragma omp for schedule(static)
+        for (i64 t = 0; t < q * nh; ++t) {
+            const i64 i = t / nh, hd = t % nh, g = hd / groups;
+            const float* qv = qkv.data() + i * Nqkv + hd * d;
+            const float *keys = kc + g * cap * d, *values = vc + g * cap * d;
+            i64 n = 0;
+            if (mask) { for (i64 j = 0; j < S; ++j) if (mask[i * S + j] > -1e30f) slot[n++] = std::int32_t(j); }
+            else for (i64 j = 0; j <= slots[i]; ++j) slot[n++] = std::int32_t(j);
+            float m = -INFINITY;
+            for (i64 c = 0; c < n; ++c) {
+                const i64 j = slot[c];
+                s[c] = (vec ? dot16(qv, keys + j * d, d) : dot_scalar(qv, keys + j * d, d)) * float(scale) + (mask ? mask[i * S + j] : 0.0f);
+                m = std::max(m, s[c]);
+            }
+            const float total = vec ? exp_sum16(s.data(), n, m) : exp_sum(s.data(), n, m);
+            float* out = a.data() + i * nh * d + hd * d;
+            if (vec) average16(s.data(), slot.data(), n, values, d, total, out); else average_scalar(s.data(), slot.data(), n, values, d, total, out);
+        }
+    }
+    packed_impl<Q4_1>(a.data(), q, nh * d, W(wo), H, y.data(), vec);
+    for (i64 j = 0; j < q * H; ++j) x[j] += y[j];
+    rmsnorm(x, ln2, float(eps), q, H, h.data(), vec);
+    packed_impl<Q4_1>(h.data(), q, H, W(wgu), 2 * I, gu.data(), vec);
+    std::vector<float> act(std::size_t(q * I));
+    if (vec) silu_mul16(gu.data(), q, I, act.data());
+    else for (i64 i = 0; i < q; ++i) for (i64 k = 0; k < I; ++k) { const float g = gu[i * 2 * I + k]; act[i * I + k] = g / (1.0f + std::exp(-g)) * gu[i * 2 * I + I + k]; }
+    packed_impl<Q4_1>(act.data(), q, I, W(wdown), H, y.data(), vec);
+    for (i64 j = 0; j < q * H; ++j) x[j] += y[j];
+}
+
 static const char* path_name(int limit) {
     switch (path_for(limit)) { case AVX512VL: return "avx512vl"; case AVX2: return "avx2"; default: return "scalar"; }
 }
@@ -365,6 +549,9 @@ PYBIND11_MODULE(_linear, m) {
           py::arg("x"), py::arg("w"), py::arg("y"));
     m.def("linear_packed_at", &linear_packed_at, "y[n, N] = x[n, K] @ W^T on raw addresses: x, y float32, W's rows in GGUF blocks of `format` (0: Q4_1, 1: Q8_0), w[N, K / 32 * bytes] uint8, all C-contiguous (the caller checks); vectorise false: the scalar path",
           py::arg("x"), py::arg("n"), py::arg("K"), py::arg("w"), py::arg("N"), py::arg("y"), py::arg("format"), py::arg("vectorise") = true);
+    m.def("packed_layer_at", &packed_layer_at, "one Llama/Qwen2/Mistral decoder layer on Q4_1 blocks, in place on x[q, H] (raw addresses, all float32 C-contiguous; the caller checks): ln1, ln2 [H]; wqkv [(nh + 2 nkv) d, H / 32 * 20], bqkv [(nh + 2 nkv) d] or 0, wo [H, nh d / 32 * 20], wgu [2 I, H / 32 * 20], wdown [H, I / 32 * 20]; cos, sin [q, d]; the layer's key and value cache [nkv, capacity, d], the rows' keys and values written at slots[q] (int64); attention over the first S slots under mask [q, S] (additive), or with mask 0 row i over slots 0..slots[i]",
+          py::arg("x"), py::arg("q"), py::arg("H"), py::arg("ln1"), py::arg("ln2"), py::arg("eps"), py::arg("wqkv"), py::arg("bqkv"), py::arg("wo"), py::arg("wgu"), py::arg("wdown"), py::arg("I"),
+          py::arg("nh"), py::arg("nkv"), py::arg("d"), py::arg("cos"), py::arg("sin"), py::arg("keys"), py::arg("values"), py::arg("capacity"), py::arg("slots"), py::arg("S"), py::arg("mask"), py::arg("scale"), py::arg("vectorise") = true);
     m.def("has_avx512", &has_avx512, "whether linear_packed_at runs its AVX-512 path on this CPU");
     m.def("set_ahead", [](int blocks) {
         if (blocks < 0 || blocks > 64) throw std::invalid_argument("small_linear: ahead must be 0..64 blocks, got " + std::to_string(blocks));

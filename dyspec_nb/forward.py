@@ -6,11 +6,12 @@
 __all__ = ['NO_ROWS', 'LEAN_FAMILIES', 'LEAN_MODELS', 'layer_states', 'additive_mask', 'causal_mask', 'logits_size',
            'input_device', 'forward', 'prefill', 'cache_len', 'keep_positions', 'crop_to', 'window_layers',
            'lean_supported', 'stacked', 'layer_parts', 'keep_in_place', 'LeanCache', 'new_cache', 'rope_turn',
-           'fold_mask', 'grouped_attention', 'rope_tables', 'window_masks', 'lean_layers', 'output_logits',
-           'lean_forward', 'DraftSession']
+           'fold_mask', 'grouped_attention', 'rope_tables', 'window_masks', 'CacheSlots', 'lean_layers',
+           'output_logits', 'lean_forward', 'DraftSession']
 
 # %% ../nbs/api/3-forward/06b_forward.ipynb #940699dc
 import inspect, time, weakref
+from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -19,6 +20,7 @@ from .tree import random_tree
 from .verify import sampling_probs
 from .tree_attention import tree_mask
 from .small_linear import use_small_linear, small_linear_path, linear_product
+from .packed import packed_plan, packed_layers
 
 
 # %% ../nbs/api/3-forward/06b_forward.ipynb #b0799127
@@ -168,10 +170,11 @@ def keep_in_place(caches, n, idx):
 
 class LeanCache:
     """A preallocated KV cache of one model for `lean_forward`: keys and values [layers, kv_heads, capacity, head_dim],
-    slots 0..n-1 valid; for a model with a sliding window (`window_layers`) also each slot's position, `pos`
+    slots 0..n-1 valid; the model's stacked weights (`weights`) and, where its layers are packed, their `packed_plan` (`plan`); for a model with a sliding window (`window_layers`) also each slot's position, `pos`
     LongTensor[capacity] (a tree's nodes sit at their depth, not at their slot), which the window is measured in."""
     def __init__(self, model, capacity=256):
         self.model, self.weights = model, _stacked(model)         # the stacked weights, checked once per cache, not per forward
+        self.plan = packed_plan(model, self.weights)              # a packed target's layers in C++ (06f), or None
         c = model.config
         self.shape = (c.num_hidden_layers, c.num_key_value_heads, getattr(c, 'head_dim', None) or c.hidden_size // c.num_attention_heads)
         self.dtype, self.device, self.n = model.dtype, input_device(model), 0
@@ -264,17 +267,36 @@ def window_masks(model, mask, qpos, kpos):
     for l in layers: out[l] = win
     return out
 
+@dataclass
+class CacheSlots:
+    """Where one forward's new keys and values go in a preallocated cache, and what its attention reads: the q rows'
+    keys and values into `slots` (LongTensor[q]) of `keys`, `values` [layers, kv_heads, capacity, d], attention over
+    the first `S` slots. `lean_layers` calls it as `kv(l, k, v)`, which stores layer l's ([kv_heads, q, d] each) and
+    returns what attention reads ([1, kv_heads, S, d] each); `plan`, the cache's `packed_plan`, where the layers are packed
+    (06f): they write and read the same slots in C++."""
+    keys: torch.Tensor
+    values: torch.Tensor
+    slots: torch.Tensor
+    S: int
+    plan: object = None
+    def __call__(self, l, k, v):
+        self.keys[l].index_copy_(1, self.slots, k); self.values[l].index_copy_(1, self.slots, v)
+        return self.keys[l, None, :, :self.S], self.values[l, None, :, :self.S]
+
 @torch.no_grad()
 def lean_layers(model, weights, x, rope, masks, kv, hidden=False):
     """The decoder layers of a `model` of `LEAN_FAMILIES` on x [1, q, H], as its own forward runs them: `weights`
     the stacked products (`LeanCache.weights`), `rope` each layer's rotary tables (`rope_tables`), `masks` each layer's
     mask [1, 1, q, S] (`window_masks`), None for a prefill into an empty cache (S = q: `grouped_attention`'s causal
-    path); `kv(l, k, v)` stores layer l's new keys and values ([kv_heads, q, d] each) and returns what attention reads
-    ([1, kv_heads, S, d] each). Gemma-3's layers norm the queries and keys per head, and norm the attention's and the
+    path); `kv` the `CacheSlots` the new keys and values go to. Where they carry a `packed_plan` (a float32 CPU model
+    whose decoder layers are all packed, 06f) and every layer has the same mask, the layers run as `packed_layers`, one
+    C++ call each. Gemma-3's layers norm the queries and keys per head, and norm the attention's and the
     MLP's outputs before adding them; Phi-3's may turn only the first r of each head's d dimensions (`rope_tables`).
     `(the normed output [1, q, H], the states after the embedding and each layer, the last normed)`: with `hidden` True
     all of them, with layer indices only those (None for the others: a long prompt's states are kept only where read),
     else only the embedding's."""
+    if kv.plan is not None and x.device.type == 'cpu' and all(mk is masks[0] for mk in masks):
+        return packed_layers(kv.plan, x, rope[0], masks[0], kv.keys, kv.values, kv.slots, hidden)
     m, c = model.model, model.config
     nh, nkv = c.num_attention_heads, c.num_key_value_heads
     d = getattr(c, 'head_dim', None) or c.hidden_size // nh
@@ -329,9 +351,7 @@ def lean_forward(model, ids, positions, mask, cache, keep=None, hidden=None):
     x = m.embed_tokens(ids[None].to(dev))                                      # [1, q, H]
     positions = positions.to(dev)
     rope = rope_tables(model, x, positions[None])                              # per layer, [1, q, d] each
-    def kv(l, k, v):                                                           # written at n..n+q-1, attention reads [:n+q]
-        cache.key_cache[l, :, P:P + q], cache.value_cache[l, :, P:P + q] = k, v
-        return cache.key_cache[l, None, :, :P + q], cache.value_cache[l, None, :, :P + q]
+    kv = CacheSlots(cache.key_cache, cache.value_cache, torch.arange(P, P + q, device=dev), P + q, cache.plan)   # written at n..n+q-1, attention reads [:n+q]
     causal = mask is None and P == 0                                           # a prefill: no mask at all
     if mask is None and not causal: mask = causal_mask(q, P + q, model.dtype)  # a chain after cached keys: [1, 1, q, P + q]
     if cache.pos is not None: cache.pos[P:P + q] = positions

@@ -9,7 +9,7 @@ __all__ = ['BUCKETS', 'GRAPH_MODES', 'bucket_for', 'replay', 'emulate_replay', '
 # %% ../nbs/api/3-forward/06e_static.ipynb #2e3cae6a
 import warnings
 import torch
-from .forward import LeanCache, lean_forward, lean_layers, layer_states, output_logits, causal_mask, rope_tables, window_masks
+from .forward import LeanCache, CacheSlots, lean_forward, lean_layers, layer_states, output_logits, causal_mask, rope_tables, window_masks
 
 # %% ../nbs/api/3-forward/06e_static.ipynb #acecea49
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)      # tree sizes in nodes, root included, that a static step is made for
@@ -105,9 +105,7 @@ def static_forward(model, cache, buf, rows=None):
     x = model.model.embed_tokens(buf['ids'][None])                             # [1, B, H]
     rope = rope_tables(model, x, buf['pos'][None])                             # per layer, [1, B, d] each
     S = buf['mask'].shape[-1]
-    def kv(l, k, v):                                                           # k, v: [nkv, B, d] into their slots
-        cache.key_cache[l].index_copy_(1, buf['slots'], k); cache.value_cache[l].index_copy_(1, buf['slots'], v)
-        return cache.key_cache[l, None, :, :S], cache.value_cache[l, None, :, :S]                # [1, nkv, S, d]: the first S slots, under the mask
+    kv = CacheSlots(cache.key_cache, cache.value_cache, buf['slots'], S, cache.plan)   # k, v: [nkv, B, d] into their slots; attention over the first S, under the mask
     if cache.pos is not None: cache.pos.index_copy_(0, buf['slots'], buf['pos'])   # a sliding window: the slots' positions
     masks = window_masks(model, buf['mask'], buf['pos'], None if cache.pos is None else cache.pos[:S])   # per layer, [1, 1, B, S]
     x, states = lean_layers(model, cache.weights, x, rope, masks, kv, bool(cache.hidden))
