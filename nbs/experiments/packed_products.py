@@ -1,14 +1,15 @@
 # Packed weights on a CPU (issue 65, item 2, route (a)): `results/packed_products.json`, one entry per CPU; 06f_packed renders it.
 # Not part of the package. Two parts, in one process, on the machine at hand:
 # - products: every linear layer of the embedded target's 30 decoder layers (210 weights, read from memory in turn), at
-#   1, 3, 8, 16 and 64 rows: the float32 few-row kernel (06a), F.linear, the Q4_1 kernel on the file's blocks (06f), and
-#   PyTorch's int4 kernel `_weight_int4pack_mm_for_cpu` (bfloat16 activations and scales: the fastest of its dtypes
-#   here), medians of 5 rounds, the paths alternating within each round;
+#   1, 3, 8, 16 and 64 rows: the float32 few-row kernel (06a), F.linear, the Q4_1 kernel on the file's blocks (06f) on
+#   float32 and on int8 activations, and PyTorch's int4 kernel `_weight_int4pack_mm_for_cpu` (bfloat16 activations and
+#   scales: the fastest of its dtypes here), medians of 5 rounds, the paths alternating within each round;
 # - decoding: the engine's plain path and its default (DySpec with the shipped head) on the float32 target and on the
-#   same target packed (`pack_gguf`), greedy, MT-Bench prompts, the decoders taking turns prompt by prompt (order
-#   reversed every other prompt), and llama.cpp on the same GGUF file and prompt tokens where llama-cpp-python is installed
-#   (`pip install ".[peers]"`); ms/token, and whether each default's tokens equal its own plain path's.
-#     python nbs/experiments/packed_products.py       # PROMPTS=6 NEW=64; OUT=dir writes the record there instead of results/
+#   same target packed (`pack_gguf`: its layers in C++, `packed_layers`) on float32 and on int8 activations, greedy,
+#   MT-Bench prompts, the decoders taking turns prompt by prompt (order reversed every other prompt), and llama.cpp on
+#   the same GGUF file and prompt tokens where llama-cpp-python is installed (`pip install ".[peers]"`); ms/token (the
+#   whole call, prompt included, for every row), and whether each default's tokens equal its own plain path's.
+#     python nbs/experiments/packed_products.py       # PROMPTS=6 NEW=128; OUT=dir writes the record there instead of results/
 import os, sys, json, time, copy
 from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,9 +26,10 @@ from dyspec_nb.data import mtbench_prompts
 from dyspec_nb.engine import SpecDecoder
 from dyspec_nb.timing import cpu_name, machine_fingerprint
 
-PROMPTS, NEW, ROWS = int(os.environ.get('PROMPTS', 6)), int(os.environ.get('NEW', 64)), (1, 3, 8, 16, 64)
+PROMPTS, NEW, ROWS = int(os.environ.get('PROMPTS', 6)), int(os.environ.get('NEW', 128)), (1, 3, 8, 16, 64)
 target, head, tok = load_default_pair()
-packed = pack_gguf(copy.deepcopy(target), smollm2_gguf())
+packed = pack_gguf(copy.deepcopy(target), smollm2_gguf())                           # int8 activations
+exact = pack_gguf(copy.deepcopy(target), smollm2_gguf(), activations='float32')     # the file's weights times float32 activations
 layers = [m for m in packed.model.layers.modules() if isinstance(m, PackedLinear)]   # the 210 decoder-layer products (the output layer apart)
 blocks = [m.blocks for m in layers]
 weights = [dequantize(b, "Q4_1") for b in blocks]                                  # the float32 weights, as the target holds them
@@ -47,6 +49,7 @@ with torch.no_grad():
         paths = {'float32, few-row kernel': lambda: [small_linear(xs[w.shape[1]], w) for w in weights],
                  'float32, F.linear': lambda: [F.linear(xs[w.shape[1]], w) for w in weights],
                  'Q4_1 kernel': lambda: [packed_linear(xs[w.shape[1]], b) for w, b in zip(weights, blocks)],
+                 'Q4_1 kernel, int8 activations': lambda: [packed_linear(xs[w.shape[1]], b, activations='int8') for w, b in zip(weights, blocks)],
                  'int4pack, bfloat16': lambda: [torch.ops.aten._weight_int4pack_mm_for_cpu(xb[w.shape[1]], p, 32, s) for w, p, s in zip(weights, int4, sz)]}
         times = {k: [] for k in paths}
         for f in paths.values(): f()                                            # warm-up
@@ -55,9 +58,9 @@ with torch.no_grad():
         entry['products'][str(M)] = {k: 1e3 * float(np.median(t)) for k, t in times.items()}   # ms for all 210 products
     err = (packed_linear(xs[576][:1], blocks[0]) - F.linear(xs[576][:1], weights[0])).abs().max().item()
     entry['q4_1_max_abs_difference_one_layer'] = err
-    phead = load_head(head_dir(), packed)
-    decs = {'float32: plain': SpecDecoder(target, None, 'autoregressive'), 'float32: default': SpecDecoder(target, head),
-            'packed: plain': SpecDecoder(packed, None, 'autoregressive'), 'packed: default': SpecDecoder(packed, phead)}
+    decs = {'float32: plain': SpecDecoder(target, None, 'autoregressive'), 'float32: default': SpecDecoder(target, head)}
+    for w, m in (('packed, float32 activations', exact), ('packed, int8 activations', packed)):
+        decs.update({f'{w}: plain': SpecDecoder(m, None, 'autoregressive'), f'{w}: default': SpecDecoder(m, load_head(head_dir(), m))})
     prompts = mtbench_prompts(tok, PROMPTS)
     runs = {k: (lambda p, d=d: d.generate(p, max_new_tokens=NEW, temperature=0.0).tokens.tolist()) for k, d in decs.items()}
     try:                                                                        # llama.cpp on the same file and prompt tokens, greedy
@@ -81,14 +84,13 @@ with torch.no_grad():
             outs[k].append(o); bar.update()
     bar.close()
     entry['decoding'] = dict(prompts=PROMPTS, new_tokens=NEW, rows={k: dict(ms_per_token=1e3 * secs[k] / sum(map(len, outs[k])), same_as_float32_plain=outs[k] == outs['float32: plain']) for k in runs},
-                             default_equals_plain={w: outs[f'{w}: default'] == outs[f'{w}: plain'] for w in ('float32', 'packed')},
-                             packed_equals_float32_plain=outs['packed: plain'] == outs['float32: plain'])
+                             default_equals_plain={w: outs[f'{w}: default'] == outs[f'{w}: plain'] for w in ('float32', 'packed, float32 activations', 'packed, int8 activations')})
 out = Path(os.environ.get('OUT') or ROOT / 'results'); out.mkdir(parents=True, exist_ok=True)
 path = out / 'packed_products.json'
 rec = json.loads(path.read_text()) if path.exists() else {}
-env = ''.join(f'{k}={v} ' for k, v in (('PROMPTS', PROMPTS), ('NEW', NEW)) if v != {'PROMPTS': 6, 'NEW': 64}[k])
+env = ''.join(f'{k}={v} ' for k, v in (('PROMPTS', PROMPTS), ('NEW', NEW)) if v != {'PROMPTS': 6, 'NEW': 128}[k])
 rec[cpu_name()] = dict(command=env + 'python nbs/experiments/packed_products.py', **entry)
 path.write_text(json.dumps(rec, indent=1) + '\n')
 for M, r in entry['products'].items(): print(f'{M} rows: ' + '  '.join(f'{k} {v:.1f} ms' for k, v in r.items()))
 for k, r in entry['decoding']['rows'].items(): print(f"{k}: {r['ms_per_token']:.1f} ms/token")
-print(entry['decoding']['default_equals_plain'], entry['decoding']['packed_equals_float32_plain'])
+print(entry['decoding']['default_equals_plain'])
