@@ -364,7 +364,7 @@ static void linear_packed_at(std::uintptr_t x, i64 n, i64 K, std::uintptr_t w, i
 // (the low halves of the four blocks, then the high halves; dx and sx repeated per lane). Each output is summed the same
 // way whatever n is, and the scalar path makes the same sums in the same order.
 struct Q8Rows {                          // x quantised: per row, G groups of 128 int8 and 16 + 16 floats
-    i64 n, G;
+    i64 G;
     std::vector<std::int8_t> q;          // [n, G, 128]: per group the blocks' x[0:16] in turn, then their x[16:32]
     std::vector<float> dx, sx;           // [n, G, 16]: dx of block i in lanes 4i..4i+3; sx of block i in lane 4i, 0 elsewhere
 };
@@ -401,7 +401,7 @@ __attribute__((target("avx512f,avx512vl,avx512bw,fma"))) static inline void quan
 
 static void quantize_q8(const float* x, i64 n, i64 K, Q8Rows& r, bool vec) {
     const i64 B = K / QK, G = (B + 3) / 4;
-    r.n = n; r.G = G;
+    r.G = G;
     r.q.assign(std::size_t(n * G * 128), 0); r.dx.assign(std::size_t(n * G * 16), 0.0f); r.sx.assign(std::size_t(n * G * 16), 0.0f);
     for (i64 i = 0; i < n; ++i) for (i64 b = 0; b < B; ++b) {
         const i64 g = b / 4, at = i * G + g;

@@ -586,6 +586,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                   'dyspec_nb.packed.PackedLinear.product': ( 'api/3-forward/packed.html#packedlinear.product',
                                                                              'dyspec_nb/packed.py'),
                                   'dyspec_nb.packed.PackedPlan': ('api/3-forward/packed.html#packedplan', 'dyspec_nb/packed.py'),
+                                  'dyspec_nb.packed._check_activations': ( 'api/3-forward/packed.html#_check_activations',
+                                                                           'dyspec_nb/packed.py'),
                                   'dyspec_nb.packed._check_blocks': ('api/3-forward/packed.html#_check_blocks', 'dyspec_nb/packed.py'),
                                   'dyspec_nb.packed._gguf_tensors': ('api/3-forward/packed.html#_gguf_tensors', 'dyspec_nb/packed.py'),
                                   'dyspec_nb.packed._rope_rows': ('api/3-forward/packed.html#_rope_rows', 'dyspec_nb/packed.py'),

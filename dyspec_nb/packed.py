@@ -49,6 +49,11 @@ def dequantize(blocks,              # ByteTensor[N, K / 32 * bytes]: rows of blo
 # %% ../nbs/api/3-forward/06f_packed.ipynb #2317eb29
 ACTIVATIONS = ('float32', 'int8')            # what a packed product multiplies the weights by
 
+def _check_activations(activations, fmt):
+    "A ValueError unless `activations` is one of ACTIVATIONS for blocks of `fmt` (int8 with Q4_1 only)."
+    if activations not in ACTIVATIONS or (activations == 'int8' and fmt != 'Q4_1'):
+        raise ValueError(f"activations are {' or '.join(ACTIVATIONS)} (int8 with Q4_1 blocks), not {activations!r} with {fmt}")
+
 def quantize_activations(x):        # FloatTensor[..., K], K a multiple of 32
     "x rounded to int8 per block of 32, as the int8 products see it: d q, d = max|x| / 127, q = x / d to the nearest integer (ties to even), FloatTensor[..., K]."
     b = x.reshape(*x.shape[:-1], -1, BLOCK)                                   # [..., K / 32, 32]
@@ -63,7 +68,7 @@ def packed_linear(x,                # FloatTensor[..., K]
                   activations='float32',   # or 'int8' (Q4_1 only): x quantised per block as `quantize_activations` does, llama.cpp's arithmetic
                   vectorise=True):  # False: the kernel's scalar path (for tests)
     "`x @ W.T (+ bias)` with W the packed rows `blocks`, float32: FloatTensor[..., N]; the C++ kernel on the CPU, else the reference."
-    if activations not in ACTIVATIONS or (activations == 'int8' and fmt != 'Q4_1'): raise ValueError(f"activations are {' or '.join(ACTIVATIONS)} (int8 with Q4_1 blocks), not {activations!r} with {fmt}")
+    _check_activations(activations, fmt)
     if (_PACKED and x.dtype == torch.float32 and blocks.dtype == torch.uint8 and x.is_cpu and blocks.is_cpu   # the kernel's path: it
             and not torch.is_grad_enabled() and not torch.compiler.is_compiling() and x.numel()):          # runs per product, so
         K, N = x.shape[-1], blocks.shape[0]                                    # the checks are the few that its raw addresses need
@@ -86,7 +91,7 @@ class PackedLinear(nn.Module):
     def __init__(self, blocks, fmt, bias=None, tied=False, activations='float32'):
         super().__init__()
         _check_blocks(blocks, fmt)
-        if activations not in ACTIVATIONS or (activations == 'int8' and fmt != 'Q4_1'): raise ValueError(f"activations are {' or '.join(ACTIVATIONS)} (int8 with Q4_1 blocks), not {activations!r} with {fmt}")
+        _check_activations(activations, fmt)
         self.fmt, self.tied, self.activations = fmt, tied, activations       # tied: the weight is also the model's embedding
         self.out_features, self.in_features = blocks.shape[0], blocks.shape[1] // FORMATS[fmt] * BLOCK
         self.register_buffer('blocks', blocks)
@@ -111,7 +116,7 @@ def pack_gguf(model,        # a model of `LEAN_FAMILIES` loaded from the GGUF fi
               path,         # the GGUF file
               activations='int8'):   # what the Q4_1 layers multiply by: 'int8' (llama.cpp's arithmetic) or 'float32' (the file's weights exactly)
     "Replace the model's linear layers that `path` holds in a format here with `PackedLinear`s of the file's blocks, each checked against the model's weight first; `model`."
-    if activations not in ACTIVATIONS: raise ValueError(f"activations are {' or '.join(ACTIVATIONS)}, not {activations!r}")
+    _check_activations(activations, 'Q4_1')
     tensors, c = _gguf_tensors(path), model.config
     def checked(name, fmt, blocks, w, heads=None):                         # the blocks, rows reordered where the model's are, or a ValueError
         if torch.equal(dequantize(blocks, fmt), w): return blocks
