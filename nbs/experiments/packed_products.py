@@ -8,7 +8,8 @@
 #   same target packed (`pack_gguf`: its layers in C++, `packed_layers`) on float32 and on int8 activations, greedy,
 #   MT-Bench prompts, the decoders taking turns prompt by prompt (order reversed every other prompt), and llama.cpp on
 #   the same GGUF file and prompt tokens where llama-cpp-python is installed (`pip install ".[peers]"`); ms/token (the
-#   whole call, prompt included, for every row), and whether each default's tokens equal its own plain path's.
+#   whole call, prompt included, for every row), whether each default's tokens equal its own plain path's, and each
+#   default's step split by phase (ms a step, from its `StepRecord`s) with its tokens a step.
 #     python nbs/experiments/packed_products.py       # PROMPTS=6 NEW=128; OUT=dir writes the record there instead of results/
 import os, sys, json, time, copy
 from pathlib import Path
@@ -62,7 +63,17 @@ with torch.no_grad():
     for w, m in (('packed, float32 activations', exact), ('packed, int8 activations', packed)):
         decs.update({f'{w}: plain': SpecDecoder(m, None, 'autoregressive'), f'{w}: default': SpecDecoder(m, load_head(head_dir(), m))})
     prompts = mtbench_prompts(tok, PROMPTS)
-    runs = {k: (lambda p, d=d: d.generate(p, max_new_tokens=NEW, temperature=0.0).tokens.tolist()) for k, d in decs.items()}
+    PHASES = ('draft', 'build', 'mask', 'target', 'verify', 'bookkeeping', 'seconds')   # a step's split (`StepRecord`), summed over each default's steps
+    split = {k: None for k in decs if k.endswith(': default')}
+    def decode(p, k, d):
+        o = d.generate(p, max_new_tokens=NEW, temperature=0.0)
+        if k in split and split[k] is not None:
+            s = split[k]
+            for r in o.stats.records:
+                s['steps'] += 1; s['tokens'] += r.emitted
+                for ph in PHASES: s[ph] += getattr(r, ph)
+        return o.tokens.tolist()
+    runs = {k: (lambda p, k=k, d=d: decode(p, k, d)) for k, d in decs.items()}
     try:                                                                        # llama.cpp on the same file and prompt tokens, greedy
         from llama_cpp import Llama, __version__ as llama_cpp_version
         llm = Llama(model_path=str(smollm2_gguf()), n_threads=torch.get_num_threads(), n_ctx=2048, verbose=False)
@@ -76,6 +87,7 @@ with torch.no_grad():
         entry['llama_cpp'] = llama_cpp_version
     except ImportError: entry['llama_cpp'] = None
     for f in runs.values(): f(prompts[0])                                       # warm-up
+    for k in split: split[k] = dict(steps=0, tokens=0, **{ph: 0.0 for ph in PHASES})
     secs, outs = {k: 0.0 for k in runs}, {k: [] for k in runs}
     bar = tqdm(total=len(prompts) * len(runs), desc='decoding: prompt x decoder')
     for i, p in enumerate(prompts):
@@ -84,7 +96,8 @@ with torch.no_grad():
             outs[k].append(o); bar.update()
     bar.close()
     entry['decoding'] = dict(prompts=PROMPTS, new_tokens=NEW, rows={k: dict(ms_per_token=1e3 * secs[k] / sum(map(len, outs[k])), same_as_float32_plain=outs[k] == outs['float32: plain']) for k in runs},
-                             default_equals_plain={w: outs[f'{w}: default'] == outs[f'{w}: plain'] for w in ('float32', 'packed, float32 activations', 'packed, int8 activations')})
+                             default_equals_plain={w: outs[f'{w}: default'] == outs[f'{w}: plain'] for w in ('float32', 'packed, float32 activations', 'packed, int8 activations')},
+                             step_split={k: dict(tokens_per_step=s['tokens'] / s['steps'], **{f'{ph}_ms': 1e3 * s[ph] / s['steps'] for ph in PHASES}) for k, s in split.items()})
 out = Path(os.environ.get('OUT') or ROOT / 'results'); out.mkdir(parents=True, exist_ok=True)
 path = out / 'packed_products.json'
 rec = json.loads(path.read_text()) if path.exists() else {}
