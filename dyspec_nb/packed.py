@@ -4,7 +4,8 @@
 
 # %% auto #0
 __all__ = ['BLOCK', 'FORMATS', 'ACTIVATIONS', 'GGUF_LINEARS', 'dequantize', 'quantize_activations', 'packed_linear',
-           'PackedLinear', 'pack_gguf', 'packed_bytes', 'packed_stack', 'PackedPlan', 'packed_plan', 'packed_layers']
+           'PackedLinear', 'pack_gguf', 'packed_bytes', 'q4_1_blocks', 'pack_q4_1', 'packed_stack', 'PackedPlan',
+           'packed_plan', 'packed_layers']
 
 # %% ../nbs/api/3-forward/06f_packed.ipynb #1c22fa35
 import functools
@@ -145,6 +146,27 @@ def packed_bytes(model):
     "`(packed, float)`: the bytes of the model's `PackedLinear` blocks, and of its float parameters."
     packed = sum(m.blocks.numel() for m in model.modules() if isinstance(m, PackedLinear))
     return packed, sum(p.numel() * p.element_size() for p in model.parameters() if p.is_floating_point())
+
+# %% ../nbs/api/3-forward/06f_packed.ipynb #4744d28e
+def q4_1_blocks(w):         # FloatTensor[N, K], K a multiple of 32
+    "Q4_1 blocks of float weights: per block of 32, d = (max - min) / 15 and m = min in float16, each weight the nearest level d q + m, q in 0..15: ByteTensor[N, K / 32 * 20]."
+    if w.dim() != 2 or w.shape[1] % BLOCK: raise ValueError(f"q4_1_blocks packs a weight [N, K] with K a multiple of {BLOCK}, got {tuple(w.shape)}")
+    b = w.detach().float().reshape(w.shape[0], -1, BLOCK)                    # [N, B, 32]
+    lo, hi = b.amin(-1, keepdim=True), b.amax(-1, keepdim=True)
+    d, m = ((hi - lo) / 15).half(), lo.half()                                # [N, B, 1] each
+    q = ((b - m.float()) / d.float().clamp_min(torch.finfo(torch.float16).tiny)).round().clamp(0, 15).to(torch.uint8)   # [N, B, 32]
+    return torch.cat([d.view(torch.uint8), m.view(torch.uint8), q[..., :16] | (q[..., 16:] << 4)], -1).reshape(w.shape[0], -1)
+
+@torch.no_grad()
+def pack_q4_1(model,                # a float32 model of `LEAN_FAMILIES` whose layers have the seven products q, k, v, o, gate, up, down
+              activations='int8'):  # as `pack_gguf`'s
+    "Replace the seven linear layers of every decoder layer of `model` with `PackedLinear`s of Q4_1 blocks quantised from their weights (`q4_1_blocks`); `model`."
+    _check_activations(activations, 'Q4_1')
+    for i, layer in enumerate(model.model.layers):
+        for name in GGUF_LINEARS.values():
+            lin = layer.get_submodule(name)
+            model.set_submodule(f'model.layers.{i}.{name}', PackedLinear(q4_1_blocks(lin.weight), 'Q4_1', lin.bias, activations=activations))
+    return model
 
 # %% ../nbs/api/3-forward/06f_packed.ipynb #91ddd132
 def packed_stack(model):
