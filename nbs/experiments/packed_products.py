@@ -8,8 +8,9 @@
 #   same target packed (`pack_gguf`: its layers in C++, `packed_layers`) on float32 and on int8 activations, greedy,
 #   MT-Bench prompts, the decoders taking turns prompt by prompt (order reversed every other prompt), and llama.cpp on
 #   the same GGUF file and prompt tokens where llama-cpp-python is installed (`pip install ".[peers]"`); ms/token (the
-#   whole call, prompt included, for every row), whether each default's tokens equal its own plain path's, and each
-#   default's step split by phase (ms a step, from its `StepRecord`s) with its tokens a step.
+#   whole call, prompt included, for every row), whether each default's tokens equal its own plain path's, each row's
+#   first token that differs from the float32 plain path's (which is `target.generate`'s on the dequantised model) per
+#   prompt, and each default's step split by phase (ms a step, from its `StepRecord`s) with its tokens a step.
 #     python nbs/experiments/packed_products.py       # PROMPTS=6 NEW=128; OUT=dir writes the record there instead of results/
 import os, sys, json, time, copy
 from pathlib import Path
@@ -95,7 +96,11 @@ with torch.no_grad():
             t = time.perf_counter(); o = runs[k](p); secs[k] += time.perf_counter() - t
             outs[k].append(o); bar.update()
     bar.close()
-    entry['decoding'] = dict(prompts=PROMPTS, new_tokens=NEW, rows={k: dict(ms_per_token=1e3 * secs[k] / sum(map(len, outs[k])), same_as_float32_plain=outs[k] == outs['float32: plain']) for k in runs},
+    def first_difference(a, b):                                                 # the index of the first token where two outputs differ, or None
+        return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+    entry['decoding'] = dict(prompts=PROMPTS, new_tokens=NEW,
+                             rows={k: dict(ms_per_token=1e3 * secs[k] / sum(map(len, outs[k])), same_as_float32_plain=outs[k] == outs['float32: plain'],
+                                           first_difference=[first_difference(o, r) for o, r in zip(outs[k], outs['float32: plain'])]) for k in runs},
                              default_equals_plain={w: outs[f'{w}: default'] == outs[f'{w}: plain'] for w in ('float32', 'packed, float32 activations', 'packed, int8 activations')},
                              step_split={k: dict(tokens_per_step=s['tokens'] / s['steps'], **{f'{ph}_ms': 1e3 * s[ph] / s['steps'] for ph in PHASES}) for k, s in split.items()})
 out = Path(os.environ.get('OUT') or ROOT / 'results'); out.mkdir(parents=True, exist_ok=True)
