@@ -357,34 +357,23 @@ static void linear_packed_at(std::uintptr_t x, i64 n, i64 K, std::uintptr_t w, i
 
 // ---- Q4_1 blocks times int8 activations (AVX-512 VNNI), as llama.cpp multiplies them ----
 // Each row of x is quantised per block of 32: dx = max|x| / 127, qx = nearest-even(x * 127 / max|x|) in [-127, 127], and
-// sx = dx * sum(qx). Then y = sum over blocks of d dx sum_j(q_j qx_j) + m sx, the integer sums exact: vpdpbusd
-// multiplies 64 unsigned nibbles by 64 signed bytes and adds each 4 into an int32 lane. Four blocks make a group: lane
-// 4i + t holds block i's weights 4t..4t+3 and 16+4t..16+4t+3; each group adds float(isum) (d dx) and, in lane 4i,
-// m sx to 16 float lanes, which are added in a fixed tree at the end. The activations are laid out per group to match
-// (the low halves of the four blocks, then the high halves; dx and sx repeated per lane). Each output is summed the same
-// way whatever n is, and the scalar path makes the same sums in the same order.
-struct Q8Rows {                          // x quantised: per row, G groups of 128 int8 and 16 + 16 floats
-    i64 G;
-    std::vector<std::int8_t> q;          // [n, G, 128]: per group the blocks' x[0:16] in turn, then their x[16:32]
-    std::vector<float> dx, sx;           // [n, G, 16]: dx of block i in lanes 4i..4i+3; sx of block i in lane 4i, 0 elsewhere
-};
+// sx = dx * sum(qx). Then y = sum over blocks of d dx sum_j(q_j qx_j) + m sx, the integer sums exact. The vector
+// quantisation (AVX-512) and the scalar one compute the same values.
+static bool has_vnni() { return has_avx512() && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"); }
 
-// block b of row i (32 floats at xb) into its group's lanes; the vector path computes the same values
-static inline void quantize_block(const float* xb, i64 blk, std::int8_t* qg, float* dxg, float* sxg) {
+static inline void quantize_block(const float* xb, std::int8_t* q, float* dx, float* sx) {
     float amax = 0;
     for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
     const float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
     int sum = 0;
     for (int j = 0; j < 32; ++j) {
         const int v = std::max(-127, std::min(127, int(std::nearbyint(xb[j] * id))));
-        qg[(j < 16 ? 0 : 64) + blk * 16 + (j % 16)] = std::int8_t(v);
-        sum += v;
+        q[j] = std::int8_t(v); sum += v;
     }
-    for (int t = 0; t < 4; ++t) dxg[blk * 4 + t] = d;
-    sxg[blk * 4] = d * float(sum);
+    *dx = d; *sx = d * float(sum);
 }
 
-__attribute__((target("avx512f,avx512vl,avx512bw,fma"))) static inline void quantize_block16(const float* xb, i64 blk, std::int8_t* qg, float* dxg, float* sxg) {
+__attribute__((target("avx512f,avx512vl,avx512bw,fma"))) static inline void quantize_block16(const float* xb, std::int8_t* q, float* dx, float* sx) {
     const __m512 a = _mm512_loadu_ps(xb), b = _mm512_loadu_ps(xb + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));   // max is exact in any order
     const float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
@@ -392,132 +381,113 @@ __attribute__((target("avx512f,avx512vl,avx512bw,fma"))) static inline void quan
     const __m512i lim = _mm512_set1_epi32(127), nlim = _mm512_set1_epi32(-127);
     const __m512i qa = _mm512_max_epi32(nlim, _mm512_min_epi32(lim, _mm512_cvtps_epi32(_mm512_mul_ps(a, idv))));   // nearest even, as nearbyint
     const __m512i qb = _mm512_max_epi32(nlim, _mm512_min_epi32(lim, _mm512_cvtps_epi32(_mm512_mul_ps(b, idv))));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(qg + blk * 16), _mm512_cvtepi32_epi8(qa));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(qg + 64 + blk * 16), _mm512_cvtepi32_epi8(qb));
-    const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));                 // integers: exact
-    _mm_storeu_ps(dxg + blk * 4, _mm_set1_ps(d));
-    sxg[blk * 4] = d * float(sum);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(qa));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(qb));
+    *dx = d; *sx = d * float(_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb)));   // integers: exact
 }
 
-static void quantize_q8(const float* x, i64 n, i64 K, Q8Rows& r, bool vec) {
-    const i64 B = K / QK, G = (B + 3) / 4;
-    r.G = G;
-    r.q.assign(std::size_t(n * G * 128), 0); r.dx.assign(std::size_t(n * G * 16), 0.0f); r.sx.assign(std::size_t(n * G * 16), 0.0f);
+// ---- int8 activations on Q4_1 weights tiled by 16 output rows: the int8 products ----
+// `repack_q4_1` (06f, PyTorch) lays a matrix's Q4_1 blocks out by tiles of 16 output rows, block by block: 256 bytes of nibbles (for
+// each k-quad j = 0..3 of the block's first half, the 16 rows' 4 bytes 4j..4j+3: low nibbles are weights 4j..4j+3, high
+// nibbles 16+4j..16+4j+3), then the 16 rows' d and m (float16): 320 bytes, the file's bytes for 16 blocks, the same
+// scales, minimums and nibbles. Rows past N are zeros. One 16-lane register then holds one k-quad of 16 output rows, and
+// vpdpbusd multiplies it by the row of x's 4 int8 activations broadcast: eight instructions a block give 16 outputs'
+// integer sums, and the block's scales are applied per lane, no horizontal sums. Each output adds, block by block,
+// float(isum) (d dx) and then m sx (two FMAs); the scalar path does the same, so results are bit for bit the same on both
+// and do not depend on the number of rows.
+constexpr i64 TILE = 16;
+constexpr i64 TILE_BLOCK = 320;   // bytes of one block of a tile
+
+struct Q8Natural {                        // x quantised per block of 32, in x's own order
+    std::vector<std::int8_t> q;           // [n, K]
+    std::vector<float> dx, sx;            // [n, B]: each block's dx, and dx * sum(q)
+};
+
+static void quantize_natural(const float* x, i64 n, i64 K, Q8Natural& r, bool vec) {
+    const i64 B = K / QK;
+    r.q.resize(std::size_t(n * K)); r.dx.resize(std::size_t(n * B)); r.sx.resize(std::size_t(n * B));
     for (i64 i = 0; i < n; ++i) for (i64 b = 0; b < B; ++b) {
-        const i64 g = b / 4, at = i * G + g;
-        if (vec) quantize_block16(x + i * K + b * QK, b % 4, r.q.data() + at * 128, r.dx.data() + at * 16, r.sx.data() + at * 16);
-        else quantize_block(x + i * K + b * QK, b % 4, r.q.data() + at * 128, r.dx.data() + at * 16, r.sx.data() + at * 16);
+        const std::size_t at = std::size_t(i * B + b);
+        if (vec) quantize_block16(x + i * K + b * QK, r.q.data() + i * K + b * QK, &r.dx[at], &r.sx[at]);
+        else quantize_block(x + i * K + b * QK, r.q.data() + i * K + b * QK, &r.dx[at], &r.sx[at]);
     }
 }
 
-static bool has_vnni() { return has_avx512() && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"); }
-
-// one weight row's group g: nibbles (low, high) as unsigned bytes, and d, m per lane
-template <bool FULL>
-__attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni,fma,f16c"))) static inline void q4_group(const std::uint8_t* wg, i64 nblk, __m512i& lo, __m512i& hi, __m512& d, __m512& m) {
-    __m512i v; __m128i dm;
-    if constexpr (FULL) {
-        v = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wg + 4)));
-        v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(wg + 24)), 1);
-        v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(wg + 44)), 2);
-        v = _mm512_inserti32x4(v, _mm_loadu_si128(reinterpret_cast<const __m128i*>(wg + 64)), 3);
-        std::int32_t w0, w1, w2, w3; std::memcpy(&w0, wg, 4); std::memcpy(&w1, wg + 20, 4); std::memcpy(&w2, wg + 40, 4); std::memcpy(&w3, wg + 60, 4);
-        dm = _mm_setr_epi32(w0, w1, w2, w3);
-    } else {
-        alignas(64) std::uint8_t nib[64] = {}; alignas(16) std::int32_t words[4] = {};
-        for (i64 i = 0; i < nblk; ++i) { std::memcpy(nib + 16 * i, wg + 20 * i + 4, 16); std::memcpy(words + i, wg + 20 * i, 4); }
-        v = _mm512_load_si512(nib); dm = _mm_load_si128(reinterpret_cast<const __m128i*>(words));
-    }
+template <int RB>
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni,fma,f16c"))) static inline void tile16(const std::uint8_t* wt, i64 B, const Q8Natural& x, i64 K, i64 r0, float* y, i64 ldy, i64 valid) {
+    __m512 acc[RB];
+    for (int r = 0; r < RB; ++r) acc[r] = _mm512_setzero_ps();
     const __m512i low4 = _mm512_set1_epi8(0x0F);
-    lo = _mm512_and_si512(v, low4);
-    hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
-    const __m512 f = _mm512_castps256_ps512(_mm256_cvtph_ps(dm));               // [d0, m0, d1, m1, d2, m2, d3, m3, ...]
-    d = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2, 4, 4, 4, 4, 6, 6, 6, 6), f);
-    m = _mm512_permutexvar_ps(_mm512_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3, 5, 5, 5, 5, 7, 7, 7, 7), f);
-}
-
-template <int OB, int RB>
-__attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni,fma,f16c"))) static inline void tile_q8(const Q8Rows& xr, i64 r0, const std::uint8_t* w, i64 K, float* y, i64 ldy) {
-    const i64 B = K / QK, ldw = B * 20, G = xr.G;
-    __m512 acc[OB][RB];
-    for (int o = 0; o < OB; ++o) for (int r = 0; r < RB; ++r) acc[o][r] = _mm512_setzero_ps();
-    for (i64 g = 0; g < G; ++g) {
-        const i64 nblk = std::min<i64>(4, B - 4 * g);
-        __m512i lo[OB], hi[OB]; __m512 d[OB], m[OB];
-        for (int o = 0; o < OB; ++o) {
-            if (nblk == 4) q4_group<true>(w + o * ldw + 4 * g * 20, 4, lo[o], hi[o], d[o], m[o]);
-            else q4_group<false>(w + o * ldw + 4 * g * 20, nblk, lo[o], hi[o], d[o], m[o]);
+    for (i64 b = 0; b < B; ++b) {
+        const std::uint8_t* p = wt + b * TILE_BLOCK;
+        __m512i lo[4], hi[4];
+        for (int j = 0; j < 4; ++j) {
+            const __m512i v = _mm512_loadu_si512(p + 64 * j);
+            lo[j] = _mm512_and_si512(v, low4); hi[j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
         }
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 256)));
+        const __m512 m = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 288)));
         for (int r = 0; r < RB; ++r) {
-            const i64 row = (r0 + r) * G + g;
-            const std::int8_t* q = xr.q.data() + row * 128;
-            const __m512i xlo = _mm512_loadu_si512(q), xhi = _mm512_loadu_si512(q + 64);
-            const __m512 dx = _mm512_loadu_ps(xr.dx.data() + row * 16), sx = _mm512_loadu_ps(xr.sx.data() + row * 16);
-            for (int o = 0; o < OB; ++o) {
-                const __m512i s = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[o], xlo), hi[o], xhi);
-                acc[o][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d[o], dx), acc[o][r]);
-                acc[o][r] = _mm512_fmadd_ps(m[o], sx, acc[o][r]);
+            const std::int8_t* xr = x.q.data() + (r0 + r) * K + b * QK;
+            std::int32_t a[8]; std::memcpy(a, xr, 32);
+            __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
+            for (int j = 0; j < 4; ++j) {
+                s0 = _mm512_dpbusd_epi32(s0, lo[j], _mm512_set1_epi32(a[j]));
+                s1 = _mm512_dpbusd_epi32(s1, hi[j], _mm512_set1_epi32(a[4 + j]));
             }
+            const i64 at = (r0 + r) * B + b;
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_mul_ps(d, _mm512_set1_ps(x.dx[std::size_t(at)])), acc[r]);
+            acc[r] = _mm512_fmadd_ps(m, _mm512_set1_ps(x.sx[std::size_t(at)]), acc[r]);
         }
     }
-    for (int o = 0; o < OB; ++o) for (int r = 0; r < RB; ++r) {
-        alignas(64) float l[16];
-        _mm512_store_ps(l, acc[o][r]);
-        y[r * ldy + o] = lanes16(l);
-    }
+    const __mmask16 k = valid >= TILE ? __mmask16(0xFFFF) : __mmask16((1u << valid) - 1);
+    for (int r = 0; r < RB; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy, k, acc[r]);
 }
 
-// the same sums, lane by lane, without vector instructions
-static void row_q8_scalar(const Q8Rows& xr, i64 r, const std::uint8_t* w, i64 K, float* out) {
-    const i64 B = K / QK, G = xr.G;
-    float l[16] = {};
-    for (i64 g = 0; g < G; ++g) {
-        const i64 row = r * G + g;
-        const std::int8_t* q = xr.q.data() + row * 128;
-        const float *dx = xr.dx.data() + row * 16, *sx = xr.sx.data() + row * 16;
-        for (i64 i = 0; i < 4; ++i) {
-            const i64 b = 4 * g + i;
-            const std::uint8_t* blk = b < B ? w + b * 20 : nullptr;
-            float d = 0, m = 0;
-            if (blk) { std::uint16_t h; std::memcpy(&h, blk, 2); d = half_to_float(h); std::memcpy(&h, blk + 2, 2); m = half_to_float(h); }
-            for (int t = 0; t < 4; ++t) {
-                std::int32_t s = 0;
-                if (blk) for (int j = 0; j < 4; ++j) {
-                    s += std::int32_t(blk[4 + 4 * t + j] & 0x0F) * q[16 * i + 4 * t + j];
-                    s += std::int32_t(blk[4 + 4 * t + j] >> 4) * q[64 + 16 * i + 4 * t + j];
-                }
-                const int lane = 4 * i + t;
-                l[lane] = std::fma(float(s), d * dx[lane], l[lane]);
-                l[lane] = std::fma(m, sx[lane], l[lane]);              // sx is 0 but in lane 4i
+static void tile16_scalar(const std::uint8_t* wt, i64 B, const Q8Natural& x, i64 K, i64 r, float* y, i64 valid) {
+    for (i64 o = 0; o < valid; ++o) {
+        float acc = 0;
+        for (i64 b = 0; b < B; ++b) {
+            const std::uint8_t* p = wt + b * TILE_BLOCK;
+            const std::int8_t* xr = x.q.data() + r * K + b * QK;
+            std::int32_t s = 0;
+            for (int j = 0; j < 4; ++j) for (int t = 0; t < 4; ++t) {
+                const std::uint8_t v = p[64 * j + 4 * o + t];
+                s += std::int32_t(v & 0x0F) * xr[4 * j + t] + std::int32_t(v >> 4) * xr[16 + 4 * j + t];
             }
+            std::uint16_t h; std::memcpy(&h, p + 256 + 2 * o, 2); const float d = half_to_float(h);
+            std::memcpy(&h, p + 288 + 2 * o, 2); const float m = half_to_float(h);
+            const i64 at = r * B + b;
+            acc = std::fma(float(s), d * x.dx[std::size_t(at)], acc);
+            acc = std::fma(m, x.sx[std::size_t(at)], acc);
         }
+        y[o] = acc;
     }
-    *out = lanes16(l);
 }
 
-template <int OB, int RB>
-static void columns_q8(const Q8Rows& xr, i64 n, i64 K, const std::uint8_t* w, float* y, i64 N) {
-    auto tile = [&](auto rb, i64 r) { constexpr int R = decltype(rb)::value; tile_q8<OB, R>(xr, r, w, K, y + r * N, N); };
-    i64 r = 0;
-    for (; r + RB <= n; r += RB) tile(std::integral_constant<int, RB>{}, r);
-    if (n - r == 3) tile(std::integral_constant<int, 3>{}, r);
-    else if (n - r == 2) tile(std::integral_constant<int, 2>{}, r);
-    else if (n - r == 1) tile(std::integral_constant<int, 1>{}, r);
+// y[n, N] = q8(x)[n, K] @ W^T, W tiled by `repack_q4_1` (wt), x already quantised
+static void tiled_q8_impl(const Q8Natural& x, i64 n, i64 K, const std::uint8_t* wt, i64 N, float* y, bool vec) {
+    const i64 B = K / QK, T = (N + TILE - 1) / TILE;
+    #pragma omp parallel for schedule(static)
+    for (i64 t = 0; t < T; ++t) {
+        const std::uint8_t* w = wt + t * B * TILE_BLOCK;
+        const i64 valid = std::min(TILE, N - t * TILE);
+        float* yt = y + t * TILE;
+        if (!vec) { for (i64 r = 0; r < n; ++r) tile16_scalar(w, B, x, K, r, yt + r * N, valid); continue; }
+        i64 r = 0;
+        for (; r + 8 <= n; r += 8) tile16<8>(w, B, x, K, r, yt, N, valid);
+        if (n - r >= 4) { tile16<4>(w, B, x, K, r, yt, N, valid); r += 4; }
+        if (n - r >= 2) { tile16<2>(w, B, x, K, r, yt, N, valid); r += 2; }
+        if (n - r >= 1) tile16<1>(w, B, x, K, r, yt, N, valid);
+    }
 }
 
-static void q8_impl(const Q8Rows& xr, i64 n, i64 K, const std::uint8_t* w, i64 N, float* y, bool vec) {
-    const i64 ldw = K / QK * 20;
-    if (vec) over_columns<2>(N, [&](i64 j, auto ob) { columns_q8<decltype(ob)::value, 4>(xr, n, K, w + j * ldw, y + j, N); });
-    else over_columns<1>(N, [&](i64 j, auto) { for (i64 r = 0; r < n; ++r) row_q8_scalar(xr, r, w + j * ldw, K, y + r * N + j); });
-}
-
-static void linear_q8_at(std::uintptr_t x, i64 n, i64 K, std::uintptr_t w, i64 N, std::uintptr_t y, bool vectorise) {
-    if (n < 0 || N < 0 || K <= 0 || K % QK) throw std::invalid_argument("linear_q8_at: bad shape");
-    const float* xp = reinterpret_cast<const float*>(x); const std::uint8_t* wp = reinterpret_cast<const std::uint8_t*>(w); float* yp = reinterpret_cast<float*>(y);
+static void linear_tiled_q8_at(std::uintptr_t x_, i64 n, i64 K, std::uintptr_t wt, i64 N, std::uintptr_t y_, bool vectorise) {
+    if (n < 0 || N <= 0 || K <= 0 || K % QK) throw std::invalid_argument("linear_tiled_q8_at: bad shape");
     const bool vec = vectorise && has_vnni();
     py::gil_scoped_release nogil;
-    Q8Rows xr; quantize_q8(xp, n, K, xr, vec);
-    q8_impl(xr, n, K, wp, N, yp, vec);
+    Q8Natural x; quantize_natural(reinterpret_cast<const float*>(x_), n, K, x, vec);
+    tiled_q8_impl(x, n, K, reinterpret_cast<const std::uint8_t*>(wt), N, reinterpret_cast<float*>(y_), vec);
 }
 
 // ---- one decoder layer on Q4_1 blocks: the engine's forward of a packed Llama, Qwen2 or Mistral target ----
@@ -657,9 +627,9 @@ static void packed_layer_at(std::uintptr_t x_, i64 q, i64 H, std::uintptr_t ln1_
     const bool vec = vectorise && has_avx512(), vnni = vectorise && has_vnni();
     const i64 Nqkv = (nh + 2 * nkv) * d, groups = nh / nkv;
     py::gil_scoped_release nogil;
-    Q8Rows xr;
-    auto product = [&](const float* in, i64 K, std::uintptr_t w, i64 N, float* out) {   // in[q, K] @ W^T: float32 or int8 activations
-        if (int8) { quantize_q8(in, q, K, xr, vnni); q8_impl(xr, q, K, W(w), N, out, vnni); }
+    Q8Natural xr;
+    auto product = [&](const float* in, i64 K, std::uintptr_t w, i64 N, float* out) {   // in[q, K] @ W^T: float32 activations, or int8 on tiles
+        if (int8) { quantize_natural(in, q, K, xr, vnni); tiled_q8_impl(xr, q, K, W(w), N, out, vnni); }
         else packed_impl<Q4_1>(in, q, K, W(w), N, out, vec);
     };
     std::vector<float> h(std::size_t(q * std::max(H, nh * d))), qkv(std::size_t(q * Nqkv)), a(std::size_t(q * nh * d)), gu(std::size_t(q * 2 * I)), y(std::size_t(q * H));
@@ -719,9 +689,9 @@ PYBIND11_MODULE(_linear, m) {
           py::arg("x"), py::arg("w"), py::arg("y"));
     m.def("linear_packed_at", &linear_packed_at, "y[n, N] = x[n, K] @ W^T on raw addresses: x, y float32, W's rows in GGUF blocks of `format` (0: Q4_1, 1: Q8_0), w[N, K / 32 * bytes] uint8, all C-contiguous (the caller checks); vectorise false: the scalar path",
           py::arg("x"), py::arg("n"), py::arg("K"), py::arg("w"), py::arg("N"), py::arg("y"), py::arg("format"), py::arg("vectorise") = true);
-    m.def("linear_q8_at", &linear_q8_at, "y[n, N] = q8(x[n, K]) @ W^T on raw addresses: W's rows in Q4_1 blocks, x quantised per block of 32 to int8 (as llama.cpp's Q8_1), the products' integer sums exact; vectorise false (or no AVX-512 VNNI): the same sums in scalar code", py::arg("x"), py::arg("n"), py::arg("K"), py::arg("w"), py::arg("N"), py::arg("y"), py::arg("vectorise") = true);
     m.def("has_vnni", &has_vnni, "whether this CPU has AVX-512 VNNI");
-    m.def("packed_layer_at", &packed_layer_at, "one Llama/Qwen2/Mistral decoder layer on Q4_1 blocks, in place on x[q, H] (raw addresses, all float32 C-contiguous; the caller checks): ln1, ln2 [H]; wqkv [(nh + 2 nkv) d, H / 32 * 20], bqkv [(nh + 2 nkv) d] or 0, wo [H, nh d / 32 * 20], wgu [2 I, H / 32 * 20], wdown [H, I / 32 * 20]; cos, sin [q, d]; the layer's key and value cache [nkv, capacity, d], the rows' keys and values written at slots[q] (int64); attention over the first S slots under mask [q, S] (additive), or with mask 0 row i over slots 0..slots[i]; int8: the products on int8 activations (linear_q8_at's arithmetic)",
+    m.def("linear_tiled_q8_at", &linear_tiled_q8_at, "y[n, N] = q8(x[n, K]) @ W^T on raw addresses: x float32, quantised per block of 32 to int8 (as llama.cpp's Q8_1); W's Q4_1 rows tiled by repack_q4_1 (06f), wt[ceil(N / 16), K / 32, 320]; vectorise false (or no AVX-512 VNNI): the same sums in scalar code", py::arg("x"), py::arg("n"), py::arg("K"), py::arg("wt"), py::arg("N"), py::arg("y"), py::arg("vectorise") = true);
+    m.def("packed_layer_at", &packed_layer_at, "one Llama/Qwen2/Mistral decoder layer on Q4_1 blocks, in place on x[q, H] (raw addresses, all float32 C-contiguous; the caller checks): ln1, ln2 [H]; wqkv [(nh + 2 nkv) d, H / 32 * 20], bqkv [(nh + 2 nkv) d] or 0, wo [H, nh d / 32 * 20], wgu [2 I, H / 32 * 20], wdown [H, I / 32 * 20]; cos, sin [q, d]; the layer's key and value cache [nkv, capacity, d], the rows' keys and values written at slots[q] (int64); attention over the first S slots under mask [q, S] (additive), or with mask 0 row i over slots 0..slots[i]; int8: wqkv, wo, wgu, wdown tiled by repack_q4_1 and the products on int8 activations (linear_tiled_q8_at's)",
           py::arg("x"), py::arg("q"), py::arg("H"), py::arg("ln1"), py::arg("ln2"), py::arg("eps"), py::arg("wqkv"), py::arg("bqkv"), py::arg("wo"), py::arg("wgu"), py::arg("wdown"), py::arg("I"),
           py::arg("nh"), py::arg("nkv"), py::arg("d"), py::arg("cos"), py::arg("sin"), py::arg("keys"), py::arg("values"), py::arg("capacity"), py::arg("slots"), py::arg("S"), py::arg("mask"), py::arg("scale"), py::arg("int8") = false, py::arg("vectorise") = true);
     m.def("has_avx512", &has_avx512, "whether linear_packed_at runs its AVX-512 path on this CPU");
