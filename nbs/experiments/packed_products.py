@@ -1,8 +1,8 @@
 # Packed weights on a CPU (issue 65, item 2, route (a)): `results/packed_products.json`, one entry per CPU; 06f_packed renders it.
 # Not part of the package. Two parts, in one process, on the machine at hand:
 # - products: every linear layer of the embedded target's 30 decoder layers (210 weights, read from memory in turn), at
-#   1, 3, 8, 16 and 64 rows: the float32 few-row kernel (06a), F.linear, the Q4_1 kernel on the file's blocks (06f) on
-#   float32 and on int8 activations, and PyTorch's int4 kernel `_weight_int4pack_mm_for_cpu` (bfloat16 activations and
+#   1, 3, 8, 16 and 64 rows: the float32 few-row kernel (06a), F.linear, the Q4_1 kernels (06f) on float32 activations
+#   (the file's blocks) and on int8 activations (the blocks tiled), and PyTorch's int4 kernel `_weight_int4pack_mm_for_cpu` (bfloat16 activations and
 #   scales: the fastest of its dtypes here), medians of 5 rounds, the paths alternating within each round;
 # - decoding: the engine's plain path and its default (DySpec with the shipped head) on the float32 target and on the
 #   same target packed (`pack_gguf`: its layers in C++, `packed_layers`) on float32 and on int8 activations, greedy,
@@ -34,6 +34,7 @@ packed = pack_gguf(copy.deepcopy(target), smollm2_gguf())                       
 exact = pack_gguf(copy.deepcopy(target), smollm2_gguf(), activations='float32')     # the file's weights times float32 activations
 layers = [m for m in packed.model.layers.modules() if isinstance(m, PackedLinear)]   # the 210 decoder-layer products (the output layer apart)
 blocks = [m.blocks for m in layers]
+tiles = [m.tiles for m in layers]                                                  # the same blocks tiled for the int8 kernel (`repack_q4_1`)
 weights = [dequantize(b, "Q4_1") for b in blocks]                                  # the float32 weights, as the target holds them
 def int4pack(b):
     "PyTorch's int4 layout of Q4_1 rows b [N, K / 32 * 20]: (packed weight, bfloat16 scales and zeros [K / 32, N, 2]), w = (q - 8) d + (m + 8 d)."
@@ -51,7 +52,7 @@ with torch.no_grad():
         paths = {'float32, few-row kernel': lambda: [small_linear(xs[w.shape[1]], w) for w in weights],
                  'float32, F.linear': lambda: [F.linear(xs[w.shape[1]], w) for w in weights],
                  'Q4_1 kernel': lambda: [packed_linear(xs[w.shape[1]], b) for w, b in zip(weights, blocks)],
-                 'Q4_1 kernel, int8 activations': lambda: [packed_linear(xs[w.shape[1]], b, activations='int8') for w, b in zip(weights, blocks)],
+                 'Q4_1 kernel, int8 activations': lambda: [packed_linear(xs[w.shape[1]], b, activations='int8', tiles=t) for w, b, t in zip(weights, blocks, tiles)],
                  'int4pack, bfloat16': lambda: [torch.ops.aten._weight_int4pack_mm_for_cpu(xb[w.shape[1]], p, 32, s) for w, p, s in zip(weights, int4, sz)]}
         times = {k: [] for k in paths}
         for f in paths.values(): f()                                            # warm-up
