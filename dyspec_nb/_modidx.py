@@ -703,6 +703,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                 'dyspec_nb.step.TreeStep.__init__': ('api/5-step/step.html#treestep.__init__', 'dyspec_nb/step.py'),
                                 'dyspec_nb.step.TreeStep._draft': ('api/5-step/step.html#treestep._draft', 'dyspec_nb/step.py'),
                                 'dyspec_nb.step.TreeStep._rows': ('api/5-step/step.html#treestep._rows', 'dyspec_nb/step.py'),
+                                'dyspec_nb.step.TreeStep.plain': ('api/5-step/step.html#treestep.plain', 'dyspec_nb/step.py'),
                                 'dyspec_nb.step.TreeStep.randomness': ('api/5-step/step.html#treestep.randomness', 'dyspec_nb/step.py'),
                                 'dyspec_nb.step.TreeStep.run': ('api/5-step/step.html#treestep.run', 'dyspec_nb/step.py'),
                                 'dyspec_nb.step.TreeStep.shape_of': ('api/5-step/step.html#treestep.shape_of', 'dyspec_nb/step.py'),

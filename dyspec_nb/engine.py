@@ -26,7 +26,7 @@ from .forward import input_device, lean_supported, logits_size, layer_states, LE
 from .models import cache_dir, unwritable, write_whole
 from .timing import machine_fingerprint, product_weights, product_shapes, measure_products, loadavg, cpu_seconds, others_load, machine_busy
 from .head import is_head, check_head_target, unrolled_logits
-from .step import TreeStep, PlainStep, STEP_METHODS, MAX_STEP_BUDGET, PHASES, step_shape, step_options
+from .step import TreeStep, PlainStep, PLAIN, STEP_METHODS, MAX_STEP_BUDGET, PHASES, step_shape, step_options
 try: import fcntl                        # POSIX: one process measures at a time; elsewhere each measures on its own
 except ImportError: fcntl = None
 
@@ -442,25 +442,31 @@ def _stepper(self: SpecDecoder, room):
             stepper = self._stepper = _new_stepper(self, budget, _capacity(room), depth, self.plan.compile)
     return stepper
 
-def _choose_setting(self: SpecDecoder, greedy):
+def _choose_setting(self: SpecDecoder, greedy, plain=True):
     """budget='auto' off CUDA: the setting of the next step, from the rates of the decoder's own steps so far (kept from
-    call to call, apart for greedy and for sampled decoding): each setting of `auto_settings` first runs
+    call to call, apart for greedy and for sampled decoding): `PLAIN` (the target alone, where `plain`: tokens may still
+    wait for the draft) and then each setting of `auto_settings` first runs
     `CHOOSING_FIRST` steps, in order, until one runs at under `CHOOSING_STOP` of the best rate before it (the larger
     settings, dearer still, wait); then every `PROBE_EVERY`-th step goes to the setting that has run least among those
     smaller than the best and the next larger (the nearest to the best of equals), and the others to the best: the one
     that emitted the most tokens per second of its steps. A setting's rate is read off whatever text its steps met, so
     a small setting unlucky in its first steps is tried again however far below the best it sits; a larger one than the
     next costs more a step, and is not. No step is spent on measuring alone."""
-    runs = [self.setting_runs.get((greedy, s), (0, 0.0, 0)) for s in self.auto_settings]   # [tokens, seconds, steps] per setting
+    settings = (PLAIN,) + self.auto_settings                                   # the cheapest step first
+    runs = [self.setting_runs.get((greedy, s), (0, 0.0, 0)) for s in settings]   # [tokens, seconds, steps] per setting
     rate = lambda i: runs[i][0] / max(runs[i][1], 1e-9)
     tried = [i for i, r in enumerate(runs) if r[2] >= CHOOSING_FIRST]
     first = next((i for i, r in enumerate(runs) if r[2] < CHOOSING_FIRST), None)
-    if first is not None and not (tried and rate(tried[-1]) < CHOOSING_STOP * max(map(rate, tried))): return self.auto_settings[first]
-    best = max((i for i, r in enumerate(runs) if r[2]), key=rate)               # (the first round may stop early: runs not all tried)
-    if sum(r[2] for r in runs) % PROBE_EVERY == PROBE_EVERY - 1:
-        near = [i for i in range(min(best + 2, len(runs))) if i != best]         # the smaller settings and the next larger
-        if near: return self.auto_settings[min(near, key=lambda i: (runs[i][2], abs(i - best)))]
-    return self.auto_settings[best]
+    def pick():
+        if first is not None and not (tried and rate(tried[-1]) < CHOOSING_STOP * max(map(rate, tried))): return first
+        best = max((i for i, r in enumerate(runs) if r[2]), key=rate)           # (the first round may stop early: runs not all tried)
+        if sum(r[2] for r in runs) % PROBE_EVERY == PROBE_EVERY - 1:
+            near = [i for i in range(min(best + 2, len(runs))) if i != best]     # the smaller settings and the next larger
+            if near: return min(near, key=lambda i: (runs[i][2], abs(i - best)))
+        return best
+    i = pick()
+    if i == 0 and not plain: i = max(range(1, len(runs)), key=lambda i: (runs[i][2] > 0, rate(i), -i))   # no room: the best tree
+    return settings[i]
 
 def _count_setting(self: SpecDecoder, greedy, setting, tokens, seconds):
     "Add one step of `setting` (its tokens and seconds) to the decoder's record of its own steps."
@@ -511,7 +517,7 @@ def _finish_read(buf):
 
 def _step_trace(stepper, root, k, out, sampling):
     "The `StepTrace` of the step `stepper` has just run (a `TreeStep` or `PlainStep`: its tree, rows and path read back), `k` tokens emitted of which `out` kept, `root` its root token."
-    if not hasattr(stepper, 'last_tree'): tree, q = TokenTree([root], [-1]), None   # plain decoding: the root alone
+    if getattr(stepper, 'last_tree', None) is None: tree, q = TokenTree([root], [-1]), None   # plain decoding (or a plain step): the root alone
     else: tree, q = stepper.last_tree.to_host()                                     # [n] nodes, q [n, V]
     p = sampling_probs(stepper.last_logits[:tree.n].float().cpu(), **sampling)     # [n, V]
     return StepTrace.of(tree, torch.zeros_like(p) if q is None else q.float(), p, stepper.last_path[1:k].tolist() if q is not None else [], out)
@@ -551,15 +557,15 @@ def _decode(self: SpecDecoder, seq, max_new_tokens, sampling, draws, draft_tempe
                 k, n, depth, *toks = _finish_read(pending)
                 pending = queued
             else:
-                if self.choosing: setting = self.choose_setting(greedy)
+                if self.choosing: setting = self.choose_setting(greedy, plain=at[1] <= stepper.D)
                 k, n, depth, *toks = run_step().tolist()                            # the step's one read
-                at = (at[0] + k, k)
+                at = (at[0] + k, at[1] + 1 if setting == PLAIN else k)             # a plain step's token waits for the draft with the others
                 if self.choosing: self.count_setting(greedy, setting, k, time.perf_counter() - t0)
             out = _until_eos(toks[:k], eos, max_new_tokens - len(new))
             root = new[-1] if new else seq[-1]
             new += out
             stats.records.append(StepRecord(tree_size=n, depth=depth, accepted=min(k - 1, len(out)), emitted=len(out),
-                                            seconds=time.perf_counter() - t0, draft_calls=stepper.D if stepper.D == 0 else stepper.shape_of(setting)[3],
+                                            seconds=time.perf_counter() - t0, draft_calls=0 if stepper.D == 0 or setting == PLAIN else stepper.shape_of(setting)[3],
                                             trace=_step_trace(stepper, root, k, out, sampling) if trace else None, **((stepper.clock.split or {}) if not late else {})))   # read late, the clock has run on
             emit(out)
             if out[-1] in eos: break
