@@ -10,7 +10,8 @@
 #   the same GGUF file and prompt tokens where llama-cpp-python is installed (`pip install ".[peers]"`); ms/token (the
 #   whole call, prompt included, for every row), whether each default's tokens equal its own plain path's, each row's
 #   first token that differs from the float32 plain path's (which is `target.generate`'s on the dequantised model) per
-#   prompt, and each default's step split by phase (ms a step, from its `StepRecord`s) with its tokens a step.
+#   prompt, and each default's step split by phase (ms a step, from its `StepRecord`s) with its tokens a step; then the
+#   packed int8 target's plain path and default and llama.cpp sampled at T = 0.6 (no top-k or top-p cut), ms/token.
 #     python nbs/experiments/packed_products.py       # PROMPTS=6 NEW=128; OUT=dir writes the record there instead of results/
 import os, sys, json, time, copy
 from pathlib import Path
@@ -97,6 +98,22 @@ with torch.no_grad():
             t = time.perf_counter(); o = runs[k](p); secs[k] += time.perf_counter() - t
             outs[k].append(o); bar.update()
     bar.close()
+    T = 0.6                                                                     # sampled: the packed int8 target's plain path and default, and llama.cpp, no top-k or top-p cut
+    sampled = {k: (lambda p, i, d=decs[k]: d.generate(p, max_new_tokens=NEW, temperature=T, seed=i).tokens.tolist()) for k in ('packed, int8 activations: plain', 'packed, int8 activations: default')}
+    if entry['llama_cpp']:
+        def llama_sampled(p, i):
+            llm.set_seed(i); out = []
+            for x in llm.generate(p[0].tolist(), temp=T, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True):
+                out.append(x)
+                if x == llm.token_eos() or len(out) >= NEW: break
+            return out
+        sampled['llama.cpp'] = llama_sampled
+    for f in sampled.values(): f(prompts[0], 0)                                 # warm-up
+    ssecs, stoks = {k: 0.0 for k in sampled}, {k: 0 for k in sampled}
+    for i, p in enumerate(tqdm(prompts, desc=f'T = {T}: prompt')):
+        for k in list(sampled)[::-1 if i % 2 else 1]:
+            t = time.perf_counter(); o = sampled[k](p, i); ssecs[k] += time.perf_counter() - t; stoks[k] += len(o)
+    entry['sampled'] = dict(temperature=T, prompts=PROMPTS, new_tokens=NEW, rows={k: dict(ms_per_token=1e3 * ssecs[k] / max(1, stoks[k]), tokens=stoks[k]) for k in sampled})
     def first_difference(a, b):                                                 # the index of the first token where two outputs differ, or None
         return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
     entry['decoding'] = dict(prompts=PROMPTS, new_tokens=NEW,
@@ -112,4 +129,5 @@ rec[cpu_name()] = dict(command=env + 'python nbs/experiments/packed_products.py'
 path.write_text(json.dumps(rec, indent=1) + '\n')
 for M, r in entry['products'].items(): print(f'{M} rows: ' + '  '.join(f'{k} {v:.1f} ms' for k, v in r.items()))
 for k, r in entry['decoding']['rows'].items(): print(f"{k}: {r['ms_per_token']:.1f} ms/token")
+for k, r in entry['sampled']['rows'].items(): print(f"T = {entry['sampled']['temperature']}, {k}: {r['ms_per_token']:.1f} ms/token")
 print(entry['decoding']['default_equals_plain'])
