@@ -353,8 +353,6 @@ static void linear_packed_at(std::uintptr_t x, i64 n, i64 K, std::uintptr_t w, i
     else packed_impl<Q8_0>(xp, n, K, wp, N, yp, vec);
 }
 
-
-
 // ---- Q4_1 blocks times int8 activations (AVX-512 VNNI), as llama.cpp multiplies them ----
 // Each row of x is quantised per block of 32: dx = max|x| / 127, qx = nearest-even(x * 127 / max|x|) in [-127, 127], and
 // sx = dx * sum(qx). Then y = sum over blocks of d dx sum_j(q_j qx_j) + m sx, the integer sums exact. The vector
@@ -501,8 +499,8 @@ static void linear_tiled_q8_at(std::uintptr_t x_, i64 n, i64 K, std::uintptr_t w
 // whatever else is in the call. The norms sum each row in 16 lanes added in a fixed tree; attention first lists the
 // slots a row sees (mask > -1e30 among the first S, or without a mask those up to its own), in slot order, and then scores, exponentiates, sums
 // and averages over that list: a tree node's ancestors are in topological order, so a row sees the same keys in the same
-// order as the same token decoded as a chain, and gets the same bits. The products are `linear_packed_at`'s, whose
-// outputs do not depend on the number of rows either. exp is a Cephes polynomial (relative error about 1e-7), computed
+// order as the same token decoded as a chain, and gets the same bits. The products are `linear_packed_at`'s on float32
+// activations and `linear_tiled_q8_at`'s on int8 ones, whose outputs do not depend on the number of rows either. exp is a Cephes polynomial (relative error about 1e-7), computed
 // in 16-lane registers on every element (a masked tail, no scalar remainder) on the AVX-512 path; the scalar path
 // (no AVX-512, or vectorise false) uses std::exp: each path agrees with itself, not bit for bit with the other.
 __attribute__((target("avx512f,avx512vl,fma"))) static inline __m512 exp16(__m512 x) {
@@ -632,7 +630,7 @@ static void packed_layer_at(std::uintptr_t x_, i64 q, i64 H, std::uintptr_t ln1_
         if (int8) { quantize_natural(in, q, K, xr, vnni); tiled_q8_impl(xr, q, K, W(w), N, out, vnni); }
         else packed_impl<Q4_1>(in, q, K, W(w), N, out, vec);
     };
-    std::vector<float> h(std::size_t(q * std::max(H, nh * d))), qkv(std::size_t(q * Nqkv)), a(std::size_t(q * nh * d)), gu(std::size_t(q * 2 * I)), y(std::size_t(q * H));
+    std::vector<float> h(std::size_t(q * H)), qkv(std::size_t(q * Nqkv)), a(std::size_t(q * nh * d)), gu(std::size_t(q * 2 * I)), y(std::size_t(q * H));
     rmsnorm(x, ln1, float(eps), q, H, h.data(), vec);
     product(h.data(), H, wqkv, Nqkv, qkv.data());
     for (i64 i = 0; i < q; ++i) {
@@ -644,17 +642,22 @@ static void packed_layer_at(std::uintptr_t x_, i64 q, i64 H, std::uintptr_t ln1_
             std::memcpy(vc + (j * cap + slots[i]) * d, r + (nh + nkv + j) * d, sizeof(float) * d);
         }
     }
+    std::vector<std::vector<std::int32_t>> seen(static_cast<std::size_t>(q));  // per row, the slots it sees, in order: once for all its heads
+    for (i64 i = 0; i < q; ++i) {
+        auto& l = seen[std::size_t(i)];
+        if (mask) { for (i64 j = 0; j < S; ++j) if (mask[i * S + j] > -1e30f) l.push_back(std::int32_t(j)); }
+        else for (i64 j = 0; j <= slots[i]; ++j) l.push_back(std::int32_t(j));
+    }
     #pragma omp parallel
     {
-        std::vector<float> s(static_cast<std::size_t>(S)); std::vector<std::int32_t> slot(static_cast<std::size_t>(S));
+        std::vector<float> s(static_cast<std::size_t>(S));
         #pragma omp for schedule(static)
         for (i64 t = 0; t < q * nh; ++t) {
             const i64 i = t / nh, hd = t % nh, g = hd / groups;
             const float* qv = qkv.data() + i * Nqkv + hd * d;
             const float *keys = kc + g * cap * d, *values = vc + g * cap * d;
-            i64 n = 0;
-            if (mask) { for (i64 j = 0; j < S; ++j) if (mask[i * S + j] > -1e30f) slot[n++] = std::int32_t(j); }
-            else for (i64 j = 0; j <= slots[i]; ++j) slot[n++] = std::int32_t(j);
+            const std::int32_t* slot = seen[std::size_t(i)].data();
+            const i64 n = i64(seen[std::size_t(i)].size());
             float m = -INFINITY;
             for (i64 c = 0; c < n; ++c) {
                 const i64 j = slot[c];
@@ -663,7 +666,7 @@ static void packed_layer_at(std::uintptr_t x_, i64 q, i64 H, std::uintptr_t ln1_
             }
             const float total = vec ? exp_sum16(s.data(), n, m) : exp_sum(s.data(), n, m);
             float* out = a.data() + i * nh * d + hd * d;
-            if (vec) average16(s.data(), slot.data(), n, values, d, total, out); else average_scalar(s.data(), slot.data(), n, values, d, total, out);
+            if (vec) average16(s.data(), slot, n, values, d, total, out); else average_scalar(s.data(), slot, n, values, d, total, out);
         }
     }
     product(a.data(), nh * d, wo, H, y.data());

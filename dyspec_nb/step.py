@@ -6,8 +6,8 @@
 __all__ = ['DRAW_SUPPORT', 'PLAIN', 'STEP_METHODS', 'FIXED_SHAPES', 'STEP_RECOMPILES', 'MAX_STEP_BUDGET', 'PHASES', 'ancestors',
            'rank_order', 'DeviceTree', 'gumbel_noise', 'inverse_cdf', 'draw_children', 'pool_size', 'frontier_tree',
            'pack_tree', 'fixed_shape', 'shape_frame', 'shape_tree', 'sibling_rank', 'greedy_verify', 'sample_verify',
-           'StaticHeadCache', 'frontier_shape', 'adapt_threshold', 'step_options', 'step_shape', 'graph_step',
-           'step_runner', 'PhaseClock', 'TreeStep', 'PlainStep']
+           'StaticHeadCache', 'root_forward', 'frontier_shape', 'adapt_threshold', 'step_options', 'step_shape',
+           'graph_step', 'step_runner', 'PhaseClock', 'TreeStep', 'PlainStep']
 
 # %% ../nbs/api/5-step/07e_step.ipynb #08fe5322
 import math, time
@@ -345,6 +345,17 @@ class StaticHeadCache(HeadCache):
 
 # %% ../nbs/api/5-step/07e_step.ipynb #6769b95f
 PLAIN = (0, None)       # the setting of a step without a tree: the target alone on the root (`TreeStep.step(setting=PLAIN)`)
+
+def root_forward(target, cache, root, r, at, temperature, top_p, top_k, u, tick):
+    """The target's forward of the root alone (root, r LongTensor[1]: its id and its position, the slots cached before
+    it) over the slots in use (those up to `at[0]`, or the whole `cache`), and the token from its row: greedy, or drawn
+    with the uniform u [1]; `(token [1], logits [1, V], the cache's hidden states [1, ...] or None)`, `tick` told of the
+    mask and the forward. Plain decoding's step (`PlainStep`) and a tree step's plain one (`TreeStep.plain`)."""
+    cols = torch.arange(cache.key_cache.shape[2] if at is None else at[0] + 1, device=r.device)   # the slots read
+    buf = dict(ids=root, pos=r, slots=r, mask=additive_mask((cols <= r)[None], target.dtype)); tick('mask')
+    logits, states = static_forward(target, cache, buf); tick('target')
+    if temperature == 0: return logits[0].argmax(-1, keepdim=True), logits, states
+    return inverse_cdf(sampling_probs(logits.float(), temperature, top_p, top_k)[0].double(), u), logits, states
 STEP_METHODS = ('dyspec', 'dyspec_threshold', 'dyspec_adaptive', 'eagle2', 'opt_tree', 'chain', 'sequoia', 'specinfer')
 FIXED_SHAPES = ('sequoia', 'specinfer')     # built by `shape_tree`; the others by `frontier_tree`
 
@@ -586,11 +597,7 @@ class TreeStep:
         `step`'s, for one token."""
         dev, tick = self.device, self.clock.tick; self.clock.start()
         r, k = self.r.clone(), self.k.clone()                                        # [1] each: k tokens wait, the root the last
-        cols = torch.arange(self.tcache.key_cache.shape[2] if at is None else at[0] + 1, device=dev)   # the target's slots read
-        buf = dict(ids=self.emitted[k - 1], pos=r, slots=r, mask=additive_mask((cols <= r)[None], self.target.dtype)); tick('mask')
-        logits, states = static_forward(self.target, self.tcache, buf); tick('target')   # [1, V], [1, 3H] (a head's features) or None
-        if temperature == 0: tok = logits[0].argmax(-1, keepdim=True)              # [1]
-        else: tok = inverse_cdf(sampling_probs(logits.float(), temperature, top_p, top_k)[0].double(), u)
+        tok, logits, states = root_forward(self.target, self.tcache, self.emitted[k - 1], r, at, temperature, top_p, top_k, u, tick)   # [1], [1, V], [1, 3H] (a head's features) or None
         self.emitted.index_copy_(0, k, tok)
         if self.features: self.tfeat.index_copy_(0, k, states.to(self.tfeat.dtype))
         self.k.add_(1); self.r.add_(1)
@@ -691,12 +698,7 @@ class PlainStep:
     def run(self, noise, u, temperature=0.0, top_p=1.0, top_k=0, draft_temperature=None, at=None):
         "`step` on the given uniform, its attention over the slots in use if `at` is given: tensor code only, what a CUDA graph captures."
         self.clock.start()
-        cols = torch.arange(self.tcache.key_cache.shape[2] if at is None else at[0] + 1, device=self.device)   # the slots read
-        buf = dict(ids=self.last, pos=self.r, slots=self.r, mask=additive_mask((cols <= self.r)[None], self.target.dtype))
-        self.clock.tick('mask')
-        logits, _ = static_forward(self.target, self.tcache, buf); self.clock.tick('target')   # [1, V]
-        if temperature == 0: tok = logits[0].argmax(-1, keepdim=True)              # [1]
-        else: tok = inverse_cdf(sampling_probs(logits.float(), temperature, top_p, top_k)[0].double(), u)
+        tok, logits, _ = root_forward(self.target, self.tcache, self.last, self.r, at, temperature, top_p, top_k, u, self.clock.tick)   # [1], [1, V]
         self.last_logits = logits                                                    # what a trace reads back, after the step
         self.last.copy_(tok); self.r.add_(1)
         one = torch.ones(1, dtype=torch.long, device=self.device)
