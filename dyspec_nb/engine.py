@@ -442,10 +442,9 @@ def _stepper(self: SpecDecoder, room):
             stepper = self._stepper = _new_stepper(self, budget, _capacity(room), depth, self.plan.compile)
     return stepper
 
-def _choose_setting(self: SpecDecoder, greedy, plain=True):
+def _choose_setting(self: SpecDecoder, greedy):
     """budget='auto' off CUDA: the setting of the next step, from the rates of the decoder's own steps so far (kept from
-    call to call, apart for greedy and for sampled decoding): `PLAIN` (the target alone, where `plain`: tokens may still
-    wait for the draft) and then each setting of `auto_settings` first runs
+    call to call, apart for greedy and for sampled decoding): `PLAIN` (the target alone) and then each setting of `auto_settings` first runs
     `CHOOSING_FIRST` steps, in order, until one runs at under `CHOOSING_STOP` of the best rate before it (the larger
     settings, dearer still, wait); then every `PROBE_EVERY`-th step goes to the setting that has run least among those
     smaller than the best and the next larger (the nearest to the best of equals), and the others to the best: the one
@@ -464,9 +463,7 @@ def _choose_setting(self: SpecDecoder, greedy, plain=True):
             near = [i for i in range(min(best + 2, len(runs))) if i != best]     # the smaller settings and the next larger
             if near: return min(near, key=lambda i: (runs[i][2], abs(i - best)))
         return best
-    i = pick()
-    if i == 0 and not plain: i = max(range(1, len(runs)), key=lambda i: (runs[i][2] > 0, rate(i), -i))   # no room: the best tree
-    return settings[i]
+    return settings[pick()]
 
 def _count_setting(self: SpecDecoder, greedy, setting, tokens, seconds):
     "Add one step of `setting` (its tokens and seconds) to the decoder's record of its own steps."
@@ -557,9 +554,10 @@ def _decode(self: SpecDecoder, seq, max_new_tokens, sampling, draws, draft_tempe
                 k, n, depth, *toks = _finish_read(pending)
                 pending = queued
             else:
-                if self.choosing: setting = self.choose_setting(greedy, plain=at[1] <= stepper.D)
+                if self.choosing: setting = self.choose_setting(greedy)
                 k, n, depth, *toks = run_step().tolist()                            # the step's one read
-                at = (at[0] + k, at[1] + 1 if setting == PLAIN else k)             # a plain step's token waits for the draft with the others
+                waiting = at[1] if at[1] <= stepper.D else 1                        # a plain step's token waits for the draft with the others (a full layout's, but the root, went to the draft first)
+                at = (at[0] + k, waiting + 1 if setting == PLAIN else k)
                 if self.choosing: self.count_setting(greedy, setting, k, time.perf_counter() - t0)
             out = _until_eos(toks[:k], eos, max_new_tokens - len(new))
             root = new[-1] if new else seq[-1]

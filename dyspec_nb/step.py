@@ -580,7 +580,6 @@ class TreeStep:
         D + 1, and both models' attention over the slots in use instead of the whole cache. The output is the same."""
         setting = self.setting if setting is None else tuple(setting)
         if setting == PLAIN:                                                         # no tree: eager, whatever the step's graphs
-            if at is not None and at[1] > self.D: raise ValueError(f"{at[1]} tokens wait for the draft, as many as a step's layout holds ({self.D + 1}): the next step needs a tree")
             u = None if temperature == 0 else torch.rand(1, generator=generator, device=self.device, dtype=torch.float64)
             return self.plain(u, temperature, top_p, top_k, at if self.sized else None)
         noise, u = self.randomness(temperature, draws, generator, setting)
@@ -593,9 +592,10 @@ class TreeStep:
         """A step of the target alone (`step(setting=PLAIN)`): one forward on the root, a token from its row (greedy, or
         drawn with the uniform u [1]), and the state left as a tree step's that emitted the tokens so far and this one:
         it joins last step's tokens (and the root's features join theirs), which the draft reads at the next tree step's
-        first call. At most D + 1 tokens can wait so: a step whose `at` says they are that many refuses. The output is
-        `step`'s, for one token."""
+        first call. Where D + 1 tokens wait already, the draft takes all but the root first (`absorb`), so plain steps
+        may follow each other without end. The output is `step`'s, for one token."""
         dev, tick = self.device, self.clock.tick; self.clock.start()
+        if (self.k.item() if at is None else at[1]) > self.D: self.absorb(at); tick('draft')
         r, k = self.r.clone(), self.k.clone()                                        # [1] each: k tokens wait, the root the last
         tok, logits, states = root_forward(self.target, self.tcache, self.emitted[k - 1], r, at, temperature, top_p, top_k, u, tick)   # [1], [1, V], [1, 3H] (a head's features) or None
         self.emitted.index_copy_(0, k, tok)
@@ -606,6 +606,23 @@ class TreeStep:
         out = torch.cat([one, one - 1, one - 1, tok, torch.full((self.D,), -1, dtype=torch.long, device=dev)])   # [D + 4]: one token, no tree
         tick('verify')
         return out
+
+    def absorb(self, at=None):
+        """Give the draft the k tokens that wait for it but the root (plain steps' tokens): one call on their k - 1 rows,
+        written to its cache as a tree step's first call writes them, no rows read. The root alone then waits, as after a
+        tree step that emitted one token. `at`: as `step`'s."""
+        k = self.k.item() if at is None else at[1]                                   # a host read only where the caller does not say
+        if k == 1: return
+        dev, r, first = self.device, self.r, k - 1
+        pos = r - first + torch.arange(first, device=dev)                            # [k - 1]: the positions before the root's
+        cols = torch.arange(self.C if at is None else at[0], device=dev)             # the draft's slots read: those before the root
+        allowed = (cols[None] >= self.text_from) & (cols[None] <= pos[:, None])      # [k - 1, C]
+        ids = self.emitted[:first]
+        if self.features: self._draft(ids, pos, allowed, self.draft.fuse(self.tfeat[:first]))
+        else: self._draft(ids, pos, allowed, rows=NO_ROWS.to(dev))
+        self.emitted[0] = self.emitted[first]; self.emitted[1:] = -1
+        if self.features: self.tfeat[0] = self.tfeat[first]
+        self.k.fill_(1)
 
     def run(self, noise, u, temperature=0.0, top_p=1.0, top_k=0, draft_temperature=0.6, setting=None, at=None):
         "`step` on the given random numbers (`randomness`), sized to `at` if given: tensor code only, what a CUDA graph captures or `torch.compile` compiles."
