@@ -20,6 +20,7 @@
 // row the CPU's own prefetchers keep up and the hints only cost instructions: none are issued.
 #include <pybind11/pybind11.h>
 #include <pybind11/numpy.h>
+#include <pybind11/stl.h>
 #include <immintrin.h>
 #include <algorithm>
 #include <cmath>
@@ -491,25 +492,49 @@ static void linear_tiled_q8_at(std::uintptr_t x_, i64 n, i64 K, std::uintptr_t w
 }
 
 // ---- int8 activations on any GGUF format's codes, tiled by 16 output rows ----
-// `tile_codes` (06f, PyTorch) writes a matrix whose weights are w = s q + m, q an unsigned code of up to 8 bits (the file's
-// integers: Q4_0, Q5_0, Q8_0 (q + 128), Q4_K, Q5_K, Q6_K, ...) and s, m float32 per half block of 16 weights (the file's
-// scales and minimums, multiplied out as gguf does), by tiles of 16 output rows, block by block: 512 bytes of codes (for
-// each k-quad j = 0..7, the 16 rows' codes 4j..4j+3), then the 16 rows' s of the first half, s of the second, m of the
-// first and m of the second (float32): 768 bytes. Eight vpdpbusd a block give each half's integer sums for 16 outputs;
-// each output adds, block by block, float(sum0) (s0 dx), float(sum1) (s1 dx), m0 sl and m1 sh (four FMAs, dx sl sh the
-// activations' block scale and half sums); the scalar path does the same, so both give the same bits, whatever the rows.
-constexpr i64 CODE_BLOCK = 768;   // bytes of one block of a code tile
+// `tile_codes` (06f, PyTorch) writes a matrix whose weights are w = s q + m, q an unsigned code (the file's integers: Q4_0,
+// Q5_0, Q8_0 (q + 128), Q4_K, Q5_K, Q6_K, ...) and s, m float32 per block of 32 weights, or per half block of 16 (Q6_K),
+// the file's scales and minimums multiplied out as gguf does, by tiles of 16 output rows, block by block, in one of four
+// layouts (`Layout`), the narrowest that holds the format:
+//   C4:  256 bytes of nibbles (for each k-quad j = 0..3, the 16 rows' bytes 4j..4j+3: codes 4j..4j+3 in the low nibbles,
+//        16+4j..16+4j+3 in the high ones, as repack_q4_1's), then the 16 rows' s and m: 384 bytes;
+//   C5:  C4's nibbles, then each row's 32 fifth bits (a uint32, bit i for code i), then s and m: 448 bytes;
+//   C8:  512 bytes of codes (for each k-quad j = 0..7, the 16 rows' codes 4j..4j+3), then s and m: 640 bytes;
+//   C8H: C8's codes, then s of each half and m of each half: 768 bytes.
+// Eight vpdpbusd a block give each half's integer sums for 16 outputs; per block, each output adds float(sum) (s dx) and
+// m sx (two FMAs; per half, four: s0, s1 with the halves' sums and m0 sl, m1 sh); the scalar path does the same, so both
+// give the same bits, whatever the rows.
+enum Layout { C4 = 0, C5 = 1, C8 = 2, C8H = 3 };
+static constexpr i64 layout_bytes(int L) { return L == C4 ? 384 : L == C5 ? 448 : L == C8 ? 640 : 768; }
+static constexpr i64 layout_scales(int L) { return L == C4 || L == C5 ? (L == C4 ? 256 : 320) : 512; }   // where s begins
 
-template <int RB>
+template <int RB, int L>
 __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni,fma"))) static inline void code_tile16(const std::uint8_t* wt, i64 B, const Q8Natural& x, i64 K, i64 r0, float* y, i64 ldy, i64 valid) {
+    constexpr i64 BYTES = layout_bytes(L), S = layout_scales(L);
     __m512 acc[RB];
     for (int r = 0; r < RB; ++r) acc[r] = _mm512_setzero_ps();
+    const __m512i low4 = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(16), bit = _mm512_set1_epi32(0x08040201);
+    const __m512i byte0 = _mm512_set_epi8(12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0, 12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0,
+                                          12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0, 12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0);
     for (i64 b = 0; b < B; ++b) {
-        const std::uint8_t* p = wt + b * CODE_BLOCK;
+        const std::uint8_t* p = wt + b * BYTES;
         __m512i c[8];
-        for (int j = 0; j < 8; ++j) c[j] = _mm512_loadu_si512(p + 64 * j);
-        const float* f = reinterpret_cast<const float*>(p + 512);
-        const __m512 s0 = _mm512_loadu_ps(f), s1 = _mm512_loadu_ps(f + 16), m0 = _mm512_loadu_ps(f + 32), m1 = _mm512_loadu_ps(f + 48);
+        if constexpr (L == C8 || L == C8H) { for (int j = 0; j < 8; ++j) c[j] = _mm512_loadu_si512(p + 64 * j); }
+        else {
+            for (int j = 0; j < 4; ++j) {
+                const __m512i v = _mm512_loadu_si512(p + 64 * j);
+                c[j] = _mm512_and_si512(v, low4); c[4 + j] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low4);
+            }
+            if constexpr (L == C5) {                                   // code i's fifth bit: bit i of its row's uint32
+                const __m512i qh = _mm512_loadu_si512(p + 256);
+                for (int j = 0; j < 8; ++j) {                          // k-quad j holds codes 4j..4j+3 (j < 4) or 16+4(j-4).. (j >= 4)
+                    const int first = j < 4 ? 4 * j : 16 + 4 * (j - 4);
+                    const __m512i bits = _mm512_shuffle_epi8(_mm512_srli_epi32(qh, first), byte0);   // each byte: its row's bits first..first+7
+                    c[j] = _mm512_or_si512(c[j], _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(bits, bit), sixteen));
+                }
+            }
+        }
+        const float* f = reinterpret_cast<const float*>(p + S);
         for (int r = 0; r < RB; ++r) {
             const std::int8_t* xr = x.q.data() + (r0 + r) * K + b * QK;
             std::int32_t a[8]; std::memcpy(a, xr, 32);
@@ -520,58 +545,88 @@ __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni,fma"))) static inlin
             }
             const std::size_t at = std::size_t((r0 + r) * B + b);
             const __m512 dx = _mm512_set1_ps(x.dx[at]);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_mul_ps(s0, dx), acc[r]);
-            acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_mul_ps(s1, dx), acc[r]);
-            acc[r] = _mm512_fmadd_ps(m0, _mm512_set1_ps(x.sl[at]), acc[r]);
-            acc[r] = _mm512_fmadd_ps(m1, _mm512_set1_ps(x.sh[at]), acc[r]);
+            if constexpr (L == C8H) {
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_mul_ps(_mm512_loadu_ps(f), dx), acc[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_mul_ps(_mm512_loadu_ps(f + 16), dx), acc[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(f + 32), _mm512_set1_ps(x.sl[at]), acc[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(f + 48), _mm512_set1_ps(x.sh[at]), acc[r]);
+            } else {
+                acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi)), _mm512_mul_ps(_mm512_loadu_ps(f), dx), acc[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(f + 16), _mm512_set1_ps(x.sx[at]), acc[r]);
+            }
         }
     }
     const __mmask16 k = valid >= TILE ? __mmask16(0xFFFF) : __mmask16((1u << valid) - 1);
     for (int r = 0; r < RB; ++r) _mm512_mask_storeu_ps(y + (r0 + r) * ldy, k, acc[r]);
 }
 
-static void code_tile16_scalar(const std::uint8_t* wt, i64 B, const Q8Natural& x, i64 K, i64 r, float* y, i64 valid) {
+static inline int code_at(const std::uint8_t* p, int L, i64 o, int e) {   // row o's code e (0..31) in one block of a tile
+    if (L == C8 || L == C8H) return p[64 * (e / 4) + 4 * o + e % 4];
+    const std::uint8_t v = p[64 * ((e % 16) / 4) + 4 * o + e % 4];
+    int c = e < 16 ? (v & 0x0F) : (v >> 4);
+    if (L == C5) { std::uint32_t h; std::memcpy(&h, p + 256 + 4 * o, 4); c |= int((h >> e) & 1u) << 4; }
+    return c;
+}
+
+static void code_tile16_scalar(int L, const std::uint8_t* wt, i64 B, const Q8Natural& x, i64 K, i64 r, float* y, i64 valid) {
+    const i64 BYTES = layout_bytes(L), S = layout_scales(L);
     for (i64 o = 0; o < valid; ++o) {
         float acc = 0;
         for (i64 b = 0; b < B; ++b) {
-            const std::uint8_t* p = wt + b * CODE_BLOCK;
+            const std::uint8_t* p = wt + b * BYTES;
             const std::int8_t* xr = x.q.data() + r * K + b * QK;
             std::int32_t lo = 0, hi = 0;
-            for (int j = 0; j < 8; ++j) for (int t = 0; t < 4; ++t) (j < 4 ? lo : hi) += std::int32_t(p[64 * j + 4 * o + t]) * xr[4 * j + t];
-            float f[4]; for (int e = 0; e < 4; ++e) std::memcpy(&f[e], p + 512 + 64 * e + 4 * o, 4);   // s0, s1, m0, m1
+            for (int e = 0; e < 32; ++e) (e < 16 ? lo : hi) += std::int32_t(code_at(p, L, o, e)) * xr[e];
+            float f[4]; for (int i = 0; i < 4; ++i) if (L == C8H || i < 2) std::memcpy(&f[i], p + S + 64 * i + 4 * o, 4);
             const std::size_t at = std::size_t(r * B + b);
-            acc = std::fma(float(lo), f[0] * x.dx[at], acc);
-            acc = std::fma(float(hi), f[1] * x.dx[at], acc);
-            acc = std::fma(f[2], x.sl[at], acc);
-            acc = std::fma(f[3], x.sh[at], acc);
+            if (L == C8H) {
+                acc = std::fma(float(lo), f[0] * x.dx[at], acc);
+                acc = std::fma(float(hi), f[1] * x.dx[at], acc);
+                acc = std::fma(f[2], x.sl[at], acc);
+                acc = std::fma(f[3], x.sh[at], acc);
+            } else {
+                acc = std::fma(float(lo + hi), f[0] * x.dx[at], acc);
+                acc = std::fma(f[1], x.sx[at], acc);
+            }
         }
         y[o] = acc;
     }
 }
 
-// y[n, N] = q8(x)[n, K] @ W^T, W's codes tiled by `tile_codes` (wt), x already quantised
-static void codes_q8_impl(const Q8Natural& x, i64 n, i64 K, const std::uint8_t* wt, i64 N, float* y, bool vec) {
-    const i64 B = K / QK, T = (N + TILE - 1) / TILE;
+template <int L>
+static void code_rows(const std::uint8_t* w, i64 B, const Q8Natural& x, i64 n, i64 K, float* yt, i64 N, i64 valid) {   // all n rows of one tile
+    i64 r = 0;
+    for (; r + 8 <= n; r += 8) code_tile16<8, L>(w, B, x, K, r, yt, N, valid);
+    if (n - r >= 4) { code_tile16<4, L>(w, B, x, K, r, yt, N, valid); r += 4; }
+    if (n - r >= 2) { code_tile16<2, L>(w, B, x, K, r, yt, N, valid); r += 2; }
+    if (n - r >= 1) code_tile16<1, L>(w, B, x, K, r, yt, N, valid);
+}
+
+// y[n, N] = q8(x)[n, K] @ W^T, W's codes tiled by `tile_codes` in `layout` (wt), x already quantised
+static void codes_q8_impl(int layout, const Q8Natural& x, i64 n, i64 K, const std::uint8_t* wt, i64 N, float* y, bool vec) {
+    const i64 B = K / QK, T = (N + TILE - 1) / TILE, BYTES = layout_bytes(layout);
     #pragma omp parallel for schedule(static)
     for (i64 t = 0; t < T; ++t) {
-        const std::uint8_t* w = wt + t * B * CODE_BLOCK;
+        const std::uint8_t* w = wt + t * B * BYTES;
         const i64 valid = std::min(TILE, N - t * TILE);
         float* yt = y + t * TILE;
-        if (!vec) { for (i64 r = 0; r < n; ++r) code_tile16_scalar(w, B, x, K, r, yt + r * N, valid); continue; }
-        i64 r = 0;
-        for (; r + 8 <= n; r += 8) code_tile16<8>(w, B, x, K, r, yt, N, valid);
-        if (n - r >= 4) { code_tile16<4>(w, B, x, K, r, yt, N, valid); r += 4; }
-        if (n - r >= 2) { code_tile16<2>(w, B, x, K, r, yt, N, valid); r += 2; }
-        if (n - r >= 1) code_tile16<1>(w, B, x, K, r, yt, N, valid);
+        if (!vec) { for (i64 r = 0; r < n; ++r) code_tile16_scalar(layout, w, B, x, K, r, yt + r * N, valid); continue; }
+        switch (layout) {
+            case C4: code_rows<C4>(w, B, x, n, K, yt, N, valid); break;
+            case C5: code_rows<C5>(w, B, x, n, K, yt, N, valid); break;
+            case C8: code_rows<C8>(w, B, x, n, K, yt, N, valid); break;
+            default: code_rows<C8H>(w, B, x, n, K, yt, N, valid);
+        }
     }
 }
 
-static void linear_codes_q8_at(std::uintptr_t x_, i64 n, i64 K, std::uintptr_t wt, i64 N, std::uintptr_t y_, bool vectorise) {
+static void linear_codes_q8_at(std::uintptr_t x_, i64 n, i64 K, std::uintptr_t wt, i64 N, std::uintptr_t y_, int layout, bool vectorise) {
     if (n < 0 || N <= 0 || K <= 0 || K % QK) throw std::invalid_argument("linear_codes_q8_at: bad shape");
+    if (layout < C4 || layout > C8H) throw std::invalid_argument("linear_codes_q8_at: layout is 0 (C4), 1 (C5), 2 (C8) or 3 (C8H), not " + std::to_string(layout));
     const bool vec = vectorise && has_vnni();
     py::gil_scoped_release nogil;
     Q8Natural x; quantize_natural(reinterpret_cast<const float*>(x_), n, K, x, vec);
-    codes_q8_impl(x, n, K, reinterpret_cast<const std::uint8_t*>(wt), N, reinterpret_cast<float*>(y_), vec);
+    codes_q8_impl(layout, x, n, K, reinterpret_cast<const std::uint8_t*>(wt), N, reinterpret_cast<float*>(y_), vec);
 }
 
 // ---- one decoder layer on packed weights: the engine's forward of a packed Llama, Qwen2 or Mistral target ----
@@ -696,8 +751,9 @@ __attribute__((target("avx512f,avx512vl,fma"))) static void silu_mul16(const flo
 static void packed_layer_at(std::uintptr_t x_, i64 q, i64 H, std::uintptr_t ln1_, std::uintptr_t ln2_, double eps,
                             std::uintptr_t wqkv, std::uintptr_t bqkv_, std::uintptr_t wo, std::uintptr_t wgu, std::uintptr_t wdown, i64 I,
                             i64 nh, i64 nkv, i64 d, std::uintptr_t cos_, std::uintptr_t sin_,
-                            std::uintptr_t kc_, std::uintptr_t vc_, i64 cap, std::uintptr_t slots_, i64 S, std::uintptr_t mask_, double scale, int kind, bool vectorise) {
-    if (kind < 0 || kind > 2) throw std::invalid_argument("packed_layer_at: kind is 0 (Q4_1 blocks, float32 activations), 1 (Q4_1 tiles, int8) or 2 (code tiles, int8), not " + std::to_string(kind));
+                            std::uintptr_t kc_, std::uintptr_t vc_, i64 cap, std::uintptr_t slots_, i64 S, std::uintptr_t mask_, double scale, std::vector<int> kinds, bool vectorise) {
+    if (kinds.size() != 4) throw std::invalid_argument("packed_layer_at: kinds are the four products' (qkv, o, gate-up, down)");
+    for (int k : kinds) if (k < 0 || k > 5) throw std::invalid_argument("packed_layer_at: a product's kind is 0 (Q4_1 blocks, float32 activations), 1 (Q4_1 tiles, int8) or 2 + a code layout (int8), not " + std::to_string(k));
     if (q <= 0 || H % QK || I % QK || d % 16 || d <= 0 || nh <= 0 || nkv <= 0 || nh % nkv || (nh * d) % QK || S < 1 || S > cap)
         throw std::invalid_argument("packed_layer_at: bad shape q=" + std::to_string(q) + ", H=" + std::to_string(H) + ", I=" + std::to_string(I) + ", heads "
                                     + std::to_string(nh) + "/" + std::to_string(nkv) + " of " + std::to_string(d) + ", S=" + std::to_string(S) + ", capacity " + std::to_string(cap));
@@ -713,14 +769,14 @@ static void packed_layer_at(std::uintptr_t x_, i64 q, i64 H, std::uintptr_t ln1_
     const i64 Nqkv = (nh + 2 * nkv) * d, groups = nh / nkv;
     py::gil_scoped_release nogil;
     Q8Natural xr;
-    auto product = [&](const float* in, i64 K, std::uintptr_t w, i64 N, float* out) {   // in[q, K] @ W^T: float32 activations, or int8 on tiles
+    auto product = [&](int kind, const float* in, i64 K, std::uintptr_t w, i64 N, float* out) {   // in[q, K] @ W^T: float32 activations, or int8 on tiles
         if (kind == 0) { packed_impl<Q4_1>(in, q, K, W(w), N, out, vec); return; }
         quantize_natural(in, q, K, xr, vnni);
-        if (kind == 1) tiled_q8_impl(xr, q, K, W(w), N, out, vnni); else codes_q8_impl(xr, q, K, W(w), N, out, vnni);
+        if (kind == 1) tiled_q8_impl(xr, q, K, W(w), N, out, vnni); else codes_q8_impl(kind - 2, xr, q, K, W(w), N, out, vnni);
     };
     std::vector<float> h(std::size_t(q * H)), qkv(std::size_t(q * Nqkv)), a(std::size_t(q * nh * d)), gu(std::size_t(q * 2 * I)), y(std::size_t(q * H));
     rmsnorm(x, ln1, float(eps), q, H, h.data(), vec);
-    product(h.data(), H, wqkv, Nqkv, qkv.data());
+    product(kinds[0], h.data(), H, wqkv, Nqkv, qkv.data());
     for (i64 i = 0; i < q; ++i) {
         float* r = qkv.data() + i * Nqkv;
         if (bqkv) for (i64 j = 0; j < Nqkv; ++j) r[j] += bqkv[j];
@@ -757,14 +813,14 @@ static void packed_layer_at(std::uintptr_t x_, i64 q, i64 H, std::uintptr_t ln1_
             if (vec) average16(s.data(), slot, n, values, d, total, out); else average_scalar(s.data(), slot, n, values, d, total, out);
         }
     }
-    product(a.data(), nh * d, wo, H, y.data());
+    product(kinds[1], a.data(), nh * d, wo, H, y.data());
     for (i64 j = 0; j < q * H; ++j) x[j] += y[j];
     rmsnorm(x, ln2, float(eps), q, H, h.data(), vec);
-    product(h.data(), H, wgu, 2 * I, gu.data());
+    product(kinds[2], h.data(), H, wgu, 2 * I, gu.data());
     std::vector<float> act(std::size_t(q * I));
     if (vec) silu_mul16(gu.data(), q, I, act.data());
     else for (i64 i = 0; i < q; ++i) for (i64 k = 0; k < I; ++k) { const float g = gu[i * 2 * I + k]; act[i * I + k] = g / (1.0f + std::exp(-g)) * gu[i * 2 * I + I + k]; }
-    product(act.data(), I, wdown, H, y.data());
+    product(kinds[3], act.data(), I, wdown, H, y.data());
     for (i64 j = 0; j < q * H; ++j) x[j] += y[j];
 }
 
@@ -782,10 +838,10 @@ PYBIND11_MODULE(_linear, m) {
           py::arg("x"), py::arg("n"), py::arg("K"), py::arg("w"), py::arg("N"), py::arg("y"), py::arg("format"), py::arg("vectorise") = true);
     m.def("has_vnni", &has_vnni, "whether this CPU has AVX-512 VNNI");
     m.def("linear_tiled_q8_at", &linear_tiled_q8_at, "y[n, N] = q8(x[n, K]) @ W^T on raw addresses: x float32, quantised per block of 32 to int8 (as llama.cpp's Q8_1); W's Q4_1 rows tiled by repack_q4_1 (06f), wt[ceil(N / 16), K / 32, 320]; vectorise false (or no AVX-512 VNNI): the same sums in scalar code", py::arg("x"), py::arg("n"), py::arg("K"), py::arg("wt"), py::arg("N"), py::arg("y"), py::arg("vectorise") = true);
-    m.def("packed_layer_at", &packed_layer_at, "one Llama/Qwen2/Mistral decoder layer on packed weights (kind 0: Q4_1 blocks), in place on x[q, H] (raw addresses, all float32 C-contiguous; the caller checks): ln1, ln2 [H]; wqkv [(nh + 2 nkv) d, H / 32 * 20], bqkv [(nh + 2 nkv) d] or 0, wo [H, nh d / 32 * 20], wgu [2 I, H / 32 * 20], wdown [H, I / 32 * 20]; cos, sin [q, d]; the layer's key and value cache [nkv, capacity, d], the rows' keys and values written at slots[q] (int64); attention over the first S slots under mask [q, S] (additive), or with mask 0 row i over slots 0..slots[i]; kind 1: wqkv, wo, wgu, wdown Q4_1 tiled by repack_q4_1 and the products on int8 activations (linear_tiled_q8_at's); kind 2: any format's codes tiled by tile_codes (linear_codes_q8_at's)",
+    m.def("packed_layer_at", &packed_layer_at, "one Llama/Qwen2/Mistral decoder layer on packed weights (kind 0: Q4_1 blocks), in place on x[q, H] (raw addresses, all float32 C-contiguous; the caller checks): ln1, ln2 [H]; wqkv [(nh + 2 nkv) d, H / 32 * 20], bqkv [(nh + 2 nkv) d] or 0, wo [H, nh d / 32 * 20], wgu [2 I, H / 32 * 20], wdown [H, I / 32 * 20]; cos, sin [q, d]; the layer's key and value cache [nkv, capacity, d], the rows' keys and values written at slots[q] (int64); attention over the first S slots under mask [q, S] (additive), or with mask 0 row i over slots 0..slots[i]; kinds: the four products' (qkv, o, gate-up, down), each 0 (Q4_1 blocks, float32 activations), 1 (Q4_1 tiled by repack_q4_1, int8 activations: linear_tiled_q8_at's) or 2 + a layout (codes tiled by tile_codes: linear_codes_q8_at's)",
           py::arg("x"), py::arg("q"), py::arg("H"), py::arg("ln1"), py::arg("ln2"), py::arg("eps"), py::arg("wqkv"), py::arg("bqkv"), py::arg("wo"), py::arg("wgu"), py::arg("wdown"), py::arg("I"),
-          py::arg("nh"), py::arg("nkv"), py::arg("d"), py::arg("cos"), py::arg("sin"), py::arg("keys"), py::arg("values"), py::arg("capacity"), py::arg("slots"), py::arg("S"), py::arg("mask"), py::arg("scale"), py::arg("kind") = 0, py::arg("vectorise") = true);
-    m.def("linear_codes_q8_at", &linear_codes_q8_at, "y[n, N] = q8(x[n, K]) @ W^T on raw addresses: x float32, quantised per block of 32 to int8; W's codes, scales and minimums per half block tiled by tile_codes (06f), wt[ceil(N / 16), K / 32, 768]; vectorise false (or no AVX-512 VNNI): the same sums in scalar code", py::arg("x"), py::arg("n"), py::arg("K"), py::arg("wt"), py::arg("N"), py::arg("y"), py::arg("vectorise") = true);
+          py::arg("nh"), py::arg("nkv"), py::arg("d"), py::arg("cos"), py::arg("sin"), py::arg("keys"), py::arg("values"), py::arg("capacity"), py::arg("slots"), py::arg("S"), py::arg("mask"), py::arg("scale"), py::arg("kinds") = std::vector<int>{0, 0, 0, 0}, py::arg("vectorise") = true);
+    m.def("linear_codes_q8_at", &linear_codes_q8_at, "y[n, N] = q8(x[n, K]) @ W^T on raw addresses: x float32, quantised per block of 32 to int8; W's codes, scales and minimums tiled by tile_codes (06f) in `layout` (0: C4, 1: C5, 2: C8, 3: C8H), wt[ceil(N / 16), K / 32, 384, 448, 640 or 768]; vectorise false (or no AVX-512 VNNI): the same sums in scalar code", py::arg("x"), py::arg("n"), py::arg("K"), py::arg("wt"), py::arg("N"), py::arg("y"), py::arg("layout"), py::arg("vectorise") = true);
     m.def("has_avx512", &has_avx512, "whether linear_packed_at runs its AVX-512 path on this CPU");
     m.def("set_ahead", [](int blocks) {
         if (blocks < 0 || blocks > 64) throw std::invalid_argument("small_linear: ahead must be 0..64 blocks, got " + std::to_string(blocks));
