@@ -287,6 +287,7 @@ def pack_gguf(model,        # a model of `LEAN_FAMILIES` loaded from the GGUF fi
     layers = [i for i in range(len(model.model.layers)) if all(tensors.get(f'blk.{i}.{k}.weight', ('',))[0] in kinds for k in GGUF_LINEARS)]   # a layer packs whole, or stays
     fmts = {tensors[f'blk.{i}.{k}.weight'][0] for i in layers for k in GGUF_LINEARS}
     if activations == 'float32': layers, fmts = [i for i in layers if all(tensors[f'blk.{i}.{k}.weight'][0] == 'Q4_1' for k in GGUF_LINEARS)], {'Q4_1'}
+    if len(layers) < len(model.model.layers): layers, fmts = [], set()       # the decoder layers pack all or none: the lean forward runs one product function for all
     codes = fmts != {'Q4_1'}                                                # int8 on any other format: every layer's products as codes, so one product function runs them all
     def layout(i, ks):                                                      # the layout of products stacked together: the widest of their formats'
         return max((FORMAT_LAYOUT[tensors[f'blk.{i}.{k}.weight'][0]] for k in ks), key=list(CODE_LAYOUTS).index) if codes else None

