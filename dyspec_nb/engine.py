@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['PRODUCTS_MARGIN', 'AUTO_CAP', 'METHODS', 'STEP_OPTIONS', 'PROBE_BUDGETS', 'PROBE_DEPTHS', 'PROBE_STEPS',
-           'CHOOSING_SETTINGS', 'CHOOSING_FIRST', 'CHOOSING_STOP', 'PROBE_EVERY', 'DRAFT_TEMPERATURE', 'StepRecord',
-           'StepTrace', 'GenerationStats', 'GenerationOutput', 'products_path', 'products_fingerprint',
+           'CHOOSING_SETTINGS', 'CHOOSING_FIRST', 'CHOOSING_STOP', 'PROBE_EVERY', 'PROBE_MAX', 'DRAFT_TEMPERATURE',
+           'StepRecord', 'StepTrace', 'GenerationStats', 'GenerationOutput', 'products_path', 'products_fingerprint',
            'product_choice', 'Plan', 'SpecDecoder', 'compare_methods', 'methods_markdown', 'continuation',
            'teacher_forced_rows']
 
@@ -352,6 +352,7 @@ class SpecDecoder:
             self.auto_settings = _auto_settings(method, budget, options, logits_size(target), self.plan.choose == 'steps')
             self.probe_budget, self.probe_depth, self.probe_rates = None, None, None
             self.setting_runs = {}                                          # choosing step by step: (greedy, setting) -> [tokens, seconds, steps] of its steps so far
+            self.probing = {}                                               # ... and greedy -> (the best at the last probe, the interval, that probe's step count)
 
 def _budget_label(self: SpecDecoder):
     "The budget as set: 'auto (step by step among 7 settings, at most 32)' off CUDA, 'auto (16; 6 settings measured on the first call)' on CUDA ('to measure' before), or the fixed number."
@@ -366,7 +367,8 @@ SpecDecoder.budget_label = property(_budget_label)
 SpecDecoder.choosing = property(lambda self: self.auto and self.plan.choose == 'steps', doc="budget='auto' chosen step by step (`choose_setting`)")
 
 # %% ../nbs/api/6-engine/08_engine.ipynb #959d15a2
-PROBE_EVERY = 8          # budget='auto' off CUDA: every this many steps, one goes to a neighbour of the best setting (`choose_setting`)
+PROBE_EVERY = 8          # budget='auto' off CUDA: every this many steps, one goes to a neighbour of the best setting (`choose_setting`) ...
+PROBE_MAX = 64           # ... the interval doubling, up to this, while probes leave the best as it was
 DRAFT_TEMPERATURE = 0.6  # the draft rows' default temperature (the DySpec paper's); also their estimates when the draft is asked for temperature 0
 def _as_prompt(input_ids):
     "The prompt as a list of token ids, from a LongTensor[1, L] or [L] or a list."
@@ -448,7 +450,8 @@ def _choose_setting(self: SpecDecoder, greedy):
     `CHOOSING_FIRST` steps, in order, until one runs at under `CHOOSING_STOP` of the best rate before it (the larger
     settings, dearer still, wait); then every `PROBE_EVERY`-th step goes to the setting that has run least among those
     smaller than the best and the next larger (the nearest to the best of equals), and the others to the best: the one
-    that emitted the most tokens per second of its steps. A setting's rate is read off whatever text its steps met, so
+    that emitted the most tokens per second of its steps. While probes leave the best as it was, the interval between
+    them doubles, up to `PROBE_MAX`; once the best changes, the next probe comes `PROBE_EVERY` steps after the last. A setting's rate is read off whatever text its steps met, so
     a small setting unlucky in its first steps is tried again however far below the best it sits; a larger one than the
     next costs more a step, and is not. No step is spent on measuring alone."""
     settings = (PLAIN,) + self.auto_settings                                   # the cheapest step first
@@ -459,10 +462,13 @@ def _choose_setting(self: SpecDecoder, greedy):
     def pick():
         if first is not None and not (tried and rate(tried[-1]) < CHOOSING_STOP * max(map(rate, tried))): return first
         best = max((i for i, r in enumerate(runs) if r[2]), key=rate)           # (the first round may stop early: runs not all tried)
-        if sum(r[2] for r in runs) % PROBE_EVERY == PROBE_EVERY - 1:
-            near = [i for i in range(min(best + 2, len(runs))) if i != best]     # the smaller settings and the next larger
-            if near: return min(near, key=lambda i: (runs[i][2], abs(i - best)))
-        return best
+        total, last = sum(r[2] for r in runs), self.probing.get(greedy)
+        due = (total % PROBE_EVERY == PROBE_EVERY - 1 if last is None        # the first probe: at the PROBE_EVERY-th step
+               else total >= last[2] + (last[1] if last[0] == best else PROBE_EVERY))
+        near = [i for i in range(min(best + 2, len(runs))) if i != best]         # the smaller settings and the next larger
+        if not (due and near): return best
+        self.probing[greedy] = (best, PROBE_EVERY if last is None or last[0] != best else min(2 * last[1], PROBE_MAX), total)
+        return min(near, key=lambda i: (runs[i][2], abs(i - best)))
     return settings[pick()]
 
 def _count_setting(self: SpecDecoder, greedy, setting, tokens, seconds):
