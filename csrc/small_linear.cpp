@@ -28,6 +28,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 namespace py = pybind11;
@@ -466,6 +467,15 @@ static void tile16_scalar(const std::uint8_t* wt, i64 B, const Q8Natural& x, i64
     }
 }
 
+// f(RB, r0) over n rows in blocks of RB = 8, then 4, 2 and 1 rows (RB a std::integral_constant, for the kernels' templates)
+template <class F> static inline void by_rows(i64 n, F f) {
+    i64 r = 0;
+    for (; r + 8 <= n; r += 8) f(std::integral_constant<int, 8>{}, r);
+    if (n - r >= 4) { f(std::integral_constant<int, 4>{}, r); r += 4; }
+    if (n - r >= 2) { f(std::integral_constant<int, 2>{}, r); r += 2; }
+    if (n - r >= 1) f(std::integral_constant<int, 1>{}, r);
+}
+
 // y[n, N] = q8(x)[n, K] @ W^T, W tiled by `repack_q4_1` (wt), x already quantised
 static void tiled_q8_impl(const Q8Natural& x, i64 n, i64 K, const std::uint8_t* wt, i64 N, float* y, bool vec) {
     const i64 B = K / QK, T = (N + TILE - 1) / TILE;
@@ -475,11 +485,7 @@ static void tiled_q8_impl(const Q8Natural& x, i64 n, i64 K, const std::uint8_t* 
         const i64 valid = std::min(TILE, N - t * TILE);
         float* yt = y + t * TILE;
         if (!vec) { for (i64 r = 0; r < n; ++r) tile16_scalar(w, B, x, K, r, yt + r * N, valid); continue; }
-        i64 r = 0;
-        for (; r + 8 <= n; r += 8) tile16<8>(w, B, x, K, r, yt, N, valid);
-        if (n - r >= 4) { tile16<4>(w, B, x, K, r, yt, N, valid); r += 4; }
-        if (n - r >= 2) { tile16<2>(w, B, x, K, r, yt, N, valid); r += 2; }
-        if (n - r >= 1) tile16<1>(w, B, x, K, r, yt, N, valid);
+        by_rows(n, [&](auto rb, i64 r) { tile16<decltype(rb)::value>(w, B, x, K, r, yt, N, valid); });
     }
 }
 
@@ -593,15 +599,6 @@ static void code_tile16_scalar(int L, const std::uint8_t* wt, i64 B, const Q8Nat
     }
 }
 
-template <int L>
-static void code_rows(const std::uint8_t* w, i64 B, const Q8Natural& x, i64 n, i64 K, float* yt, i64 N, i64 valid) {   // all n rows of one tile
-    i64 r = 0;
-    for (; r + 8 <= n; r += 8) code_tile16<8, L>(w, B, x, K, r, yt, N, valid);
-    if (n - r >= 4) { code_tile16<4, L>(w, B, x, K, r, yt, N, valid); r += 4; }
-    if (n - r >= 2) { code_tile16<2, L>(w, B, x, K, r, yt, N, valid); r += 2; }
-    if (n - r >= 1) code_tile16<1, L>(w, B, x, K, r, yt, N, valid);
-}
-
 // y[n, N] = q8(x)[n, K] @ W^T, W's codes tiled by `tile_codes` in `layout` (wt), x already quantised
 static void codes_q8_impl(int layout, const Q8Natural& x, i64 n, i64 K, const std::uint8_t* wt, i64 N, float* y, bool vec) {
     const i64 B = K / QK, T = (N + TILE - 1) / TILE, BYTES = layout_bytes(layout);
@@ -611,11 +608,12 @@ static void codes_q8_impl(int layout, const Q8Natural& x, i64 n, i64 K, const st
         const i64 valid = std::min(TILE, N - t * TILE);
         float* yt = y + t * TILE;
         if (!vec) { for (i64 r = 0; r < n; ++r) code_tile16_scalar(layout, w, B, x, K, r, yt + r * N, valid); continue; }
+        auto rows = [&](auto L) { by_rows(n, [&](auto rb, i64 r) { code_tile16<decltype(rb)::value, decltype(L)::value>(w, B, x, K, r, yt, N, valid); }); };
         switch (layout) {
-            case C4: code_rows<C4>(w, B, x, n, K, yt, N, valid); break;
-            case C5: code_rows<C5>(w, B, x, n, K, yt, N, valid); break;
-            case C8: code_rows<C8>(w, B, x, n, K, yt, N, valid); break;
-            default: code_rows<C8H>(w, B, x, n, K, yt, N, valid);
+            case C4: rows(std::integral_constant<int, C4>{}); break;
+            case C5: rows(std::integral_constant<int, C5>{}); break;
+            case C8: rows(std::integral_constant<int, C8>{}); break;
+            default: rows(std::integral_constant<int, C8H>{});
         }
     }
 }

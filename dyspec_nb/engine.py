@@ -562,7 +562,7 @@ def _decode(self: SpecDecoder, seq, max_new_tokens, sampling, draws, draft_tempe
             else:
                 if self.choosing: setting = self.choose_setting(greedy)
                 k, n, depth, *toks = run_step().tolist()                            # the step's one read
-                at = (at[0] + k, (at[1] if at[1] < stepper.waiting else 1) + 1 if setting == PLAIN else k)   # a plain step's token waits for the draft with the others (a full buffer's, but the root, went to the draft first)
+                at = stepper.next_at(at, setting, k)                               # the root k on; a plain step's token waits for the draft with the others
                 if self.choosing: self.count_setting(greedy, setting, k, time.perf_counter() - t0)
             out = _until_eos(toks[:k], eos, max_new_tokens - len(new))
             root = new[-1] if new else seq[-1]

@@ -614,6 +614,10 @@ class TreeStep:
         tick('verify')
         return out
 
+    def next_at(self, at, setting, k):
+        "The next step's `at` after a step at `setting` that emitted k tokens: the root k on, and the tokens waiting for the draft (a plain step's join the others, and where the buffer was full all but the root went to the draft first: `plain`)."
+        return at[0] + k, ((at[1] if at[1] < self.waiting else 1) + 1 if setting == PLAIN else k)
+
     def absorb(self, at=None):
         """Give the draft the k tokens that wait for it but the root (plain steps' tokens): one call on their k - 1 rows,
         written to its cache as a tree step's first call writes them, no rows read. The root alone then waits, as after a
@@ -696,6 +700,7 @@ class PlainStep:
     for one token, its only read back to the host; with `graphs` (default: on CUDA) each setting is one CUDA graph, and
     with `compile` the step is inductor's (`step_runner`)."""
     D, N = 0, 1                                                                      # no draft calls; one node, the root
+    def next_at(self, at, setting, k): return at[0] + k, k                         # `TreeStep.next_at`'s: nothing waits for a draft
     def __init__(self, target, capacity=1024, graphs=None, compile=False):
         if not lean_supported(target): raise ValueError(f"the step needs the lean forward: {LEAN_MODELS}, not this target")
         self.target, self.capacity, self.device = target, capacity, input_device(target)

@@ -13,7 +13,7 @@
 #   prompt, and each default's step split by phase (ms a step, from its `StepRecord`s) with its tokens a step; then the
 #   packed int8 target's plain path and default and llama.cpp sampled at T = 0.6 (no top-k or top-p cut), ms/token.
 # - the output layer (49152 x 576, Q8_0, tied to the embedding) at the same rows: the float32 kernel on the file's blocks
-#   against the int8 kernel on its codes (`code_linear`), medians of 5 rounds, alternating;
+#   against the int8 kernel on its codes (`tiled_linear`), medians of 5 rounds, alternating;
 # - floors: a 2-thread read and copy of 512 MB (STREAM-like), the machine's int8 dot-product peak (a loop of independent
 #   vpdpbusd, compiled here with g++), and the packed int8 target's forward (`lean_forward` on 1, 8, 16 and 64 rows after
 #   a 128-token prefix, medians) against max(its tiles' bytes over the read rate, its multiply-adds over the peak); then
@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 from dyspec_nb.models import load_default_pair, load_pair, smollm2_gguf, head_dir
-from dyspec_nb.packed import pack_gguf, PackedLinear, packed_linear, dequantize, code_linear
+from dyspec_nb.packed import pack_gguf, PackedLinear, packed_linear, dequantize, tiled_linear
 from dyspec_nb.small_linear import small_linear
 from dyspec_nb.head import load_head
 from dyspec_nb.data import mtbench_prompts
@@ -81,7 +81,7 @@ with torch.no_grad():
     entry['output_layer'] = {}
     for M in ROWS:
         x = torch.randn(M, out_blocks.shape[1] // 34 * 32)
-        paths = {'Q8_0 kernel, float32 activations': lambda: packed_linear(x, out_blocks, fmt='Q8_0'), 'codes, int8 activations': lambda: code_linear(x, out_codes)}
+        paths = {'Q8_0 kernel, float32 activations': lambda: packed_linear(x, out_blocks, fmt='Q8_0'), 'codes, int8 activations': lambda: tiled_linear(x, out_codes)}
         times = {k: [] for k in paths}
         for f in paths.values(): f()
         for _ in range(5):
@@ -183,8 +183,7 @@ extern "C" __attribute__((target("avx512f,avx512bw,avx512vnni"))) double vnni_ma
 def vnni_peak(threads):
     "The int8 multiply-adds a second of `threads` threads of independent vpdpbusd (the best of 5), compiled here; None without g++ or VNNI."
     import ctypes, subprocess, tempfile
-    from dyspec_nb.small_linear import _linear
-    if not _linear.has_vnni(): return None
+    if 'avx512_vnni' not in Path('/proc/cpuinfo').read_text(): return None
     d = Path(tempfile.mkdtemp()); (d / 'peak.cpp').write_text(PEAK)
     try: subprocess.run(['g++', '-O2', '-fopenmp', '-shared', '-fPIC', str(d / 'peak.cpp'), '-o', str(d / 'peak.so')], check=True, capture_output=True)
     except (OSError, subprocess.CalledProcessError): return None
