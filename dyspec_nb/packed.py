@@ -95,6 +95,10 @@ def untile_q4_1(tiles):    # ByteTensor[T, K / 32, 320]: `repack_q4_1`'s
     d, m = tiles[..., 256:288].reshape(T, B, 16, 2), tiles[..., 288:].reshape(T, B, 16, 2)
     return torch.cat([d, m, nib], -1).transpose(1, 2).reshape(T * 16, B * 20).contiguous()
 
+def _tiles(blocks, fmt, layout=None):
+    "The int8 kernel's tiles of `fmt` rows: Q4_1's own (`repack_q4_1`) for Q4_1 with no layout asked, else the codes in `layout` (`tile_codes`, below) (default the format's)."
+    return repack_q4_1(blocks) if fmt == 'Q4_1' and layout is None else tile_codes(*gguf_codes(blocks, fmt), layout or FORMAT_LAYOUT[fmt])
+
 def tiled_linear(x,                 # FloatTensor[..., K]
                  tiles,             # ByteTensor[N / 16, K / 32, width]: W's Q4_1 rows tiled by `repack_q4_1` (width 320), or any format's codes by `tile_codes` (below; its layout's width)
                  bias=None,         # FloatTensor[N] or None
@@ -223,10 +227,6 @@ def untile_codes(tiles):            # ByteTensor[T, K / 32, bytes]: `tile_codes`
     at, n = width - (256 if halves else 128), 2 if halves else 1
     f = lambda t: t.contiguous().view(torch.float32).reshape(T, B, n, 16).permute(0, 3, 1, 2).reshape(T * 16, B, n).expand(-1, -1, 2).reshape(T * 16, B * 2)
     return c.contiguous(), f(tiles[..., at:at + 64 * n]), f(tiles[..., at + 64 * n:])
-
-def _tiles(blocks, fmt, layout=None):
-    "The int8 kernel's tiles of `fmt` rows: Q4_1's own (`repack_q4_1`) for Q4_1 with no layout asked, else the codes in `layout` (default the format's)."
-    return repack_q4_1(blocks) if fmt == 'Q4_1' and layout is None else tile_codes(*gguf_codes(blocks, fmt), layout or FORMAT_LAYOUT[fmt])
 
 # %% ../nbs/api/3-forward/06f_packed.ipynb #6521fe79
 GGUF_LINEARS = {'attn_q': 'self_attn.q_proj', 'attn_k': 'self_attn.k_proj', 'attn_v': 'self_attn.v_proj', 'attn_output': 'self_attn.o_proj',
