@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file, load_file
 from .forward import DraftSession, keep_positions, input_device, stacked, rope_turn, fold_mask, grouped_attention
 from .small_linear import bf16_products, linear_product
-from .packed import PackedLinear, dequantize
+from .packed import PackedLinear
 from .static import host_copy
 
 
@@ -36,7 +36,7 @@ def _weights(model):
     seen = set()
     for mname, mod in model.named_modules():
         pre = f"{mname}." if mname else ''
-        if isinstance(mod, PackedLinear) and not mod.tied: yield pre + 'weight', (mod.out_features, mod.in_features), dequantize(mod.blocks[:1], mod.fmt)[0]
+        if isinstance(mod, PackedLinear) and not mod.tied: yield pre + 'weight', (mod.out_features, mod.in_features), mod.rows([0])[0]
         for pname, p in mod.named_parameters(recurse=False):
             if id(p) not in seen: seen.add(id(p)); yield pre + pname, tuple(p.shape), p
 
@@ -138,9 +138,7 @@ class FeatureHead(nn.Module):
                     raise ValueError(f"vocab_ids must be {R} distinct token ids in [0, {V})")
                 self.vocab_ids.copy_(ids)
             out = target.get_output_embeddings()                                   # its output layer: the rows of the R tokens, [R, H]
-            W = out.blocks if isinstance(out, PackedLinear) else out.weight                # [V, H], or its packed rows (06f): only R rows unpacked
-            rows = W[self.vocab_ids.to(W.device)]
-            if isinstance(out, PackedLinear): rows = dequantize(rows, out.fmt)
+            rows = out.rows(self.vocab_ids) if isinstance(out, PackedLinear) else out.weight[self.vocab_ids.to(out.weight.device)]   # [R, H]: a packed layer's (06f) R rows alone unpacked
             self.lm.weight.copy_(rows.to(self.lm.weight))
         object.__setattr__(self, '_embed', target.get_input_embeddings())          # not a submodule: not saved, not moved
         return self

@@ -50,9 +50,9 @@ def llama_greedy(llm, p):                                                       
 target, head, tok = load_default_pair()
 packed = pack_gguf(copy.deepcopy(target), smollm2_gguf())                           # int8 activations
 exact = pack_gguf(copy.deepcopy(target), smollm2_gguf(), activations='float32')     # the file's weights times float32 activations
-layers = [m for m in packed.model.layers.modules() if isinstance(m, PackedLinear)]   # the 210 decoder-layer products (the output layer apart)
-blocks = [m.blocks for m in layers]
-tiles = [m.tiles for m in layers]                                                  # the same blocks tiled for the int8 kernel (`repack_q4_1`)
+layers = lambda m: [p for p in m.model.layers.modules() if isinstance(p, PackedLinear)]   # the 210 decoder-layer products (the output layer apart)
+blocks = [p.blocks for p in layers(exact)]                                          # the file's blocks (as the float32-activation model keeps them)
+tiles = [p.tiles for p in layers(packed)]                                          # the same blocks tiled for the int8 kernel (`repack_q4_1`)
 weights = [dequantize(b, "Q4_1") for b in blocks]                                  # the float32 weights, as the target holds them
 def int4pack(b):
     "PyTorch's int4 layout of Q4_1 rows b [N, K / 32 * 20]: (packed weight, bfloat16 scales and zeros [K / 32, N, 2]), w = (q - 8) d + (m + 8 d)."
@@ -77,7 +77,7 @@ with torch.no_grad():
         for _ in range(5):
             for k, f in paths.items(): t = time.perf_counter(); f(); times[k].append(time.perf_counter() - t)
         entry['products'][str(M)] = {k: 1e3 * float(np.median(t)) for k, t in times.items()}   # ms for all 210 products
-    out_blocks, out_codes = packed.lm_head.blocks, packed.lm_head.tiles       # the output layer: its Q8_0 blocks, and as the int8 kernel reads them (codes, C8)
+    out_blocks, out_codes = exact.lm_head.blocks, packed.lm_head.tiles         # the output layer: its Q8_0 blocks, and as the int8 kernel reads them (codes, C8)
     entry['output_layer'] = {}
     for M in ROWS:
         x = torch.randn(M, out_blocks.shape[1] // 34 * 32)
