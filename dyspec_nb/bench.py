@@ -5,8 +5,9 @@
 # %% auto #0
 __all__ = ['DATASETS', 'DYSPEC_FAMILY', 'QUICK', 'FULL', 'Method', 'parse_method', 'interpolate', 'relative_cost',
            'calibrate_acceptance', 'sequoia_depth', 'mean_se', 'paired_test', 'load_prompts', 'compare_cells',
-           'bench_settings', 'check_resumable', 'bench', 'bench_markdown', 'plot_bench', 'write_record', 'write_bench',
-           'verdict', 'changed_verdicts', 'changed_markdown', 'bench_builders']
+           'bench_settings', 'check_resumable', 'first_difference', 'llama_cpp_decoder', 'bench', 'bench_markdown',
+           'plot_bench', 'write_record', 'write_bench', 'verdict', 'changed_verdicts', 'changed_markdown',
+           'bench_builders']
 
 # %% ../nbs/api/7-cli/14_bench.ipynb #09558b37
 import copy, io, json, math, platform, time
@@ -181,6 +182,39 @@ def check_resumable(previous, settings):
 
 def _done(record, ds, Tk): return Tk in record['results'].get(ds, {})
 
+def first_difference(a, b):
+    "The index of the first token where the outputs `a` and `b` differ (one stopping early counts), or None where they are equal."
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+
+def llama_cpp_decoder(gguf, lookup_tokens=None, n_ctx=4096):
+    """llama.cpp on the GGUF file `gguf` through llama-cpp-python (`pip install ".[peers]"`), with its prompt-lookup
+    drafting of `lookup_tokens` where given: `call(ids, max_new_tokens, temperature, seed) -> (tokens, seconds)` on the
+    prompt tokens `ids` [1, L], greedy at temperature 0, else sampled at it with no top-k, top-p or min-p cut and no
+    repeat penalty. A one-line ValueError where llama-cpp-python is not installed."""
+    try:
+        from llama_cpp import Llama
+        from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+    except ImportError: raise ValueError('llama.cpp runs through llama-cpp-python: pip install ".[peers]" (it builds llama.cpp from source)') from None
+    llm = Llama(model_path=str(gguf), n_threads=torch.get_num_threads(), n_ctx=n_ctx, verbose=False,
+                **({} if lookup_tokens is None else dict(draft_model=LlamaPromptLookupDecoding(num_pred_tokens=lookup_tokens))))
+    def call(ids, n, T, seed):
+        llm.set_seed(seed)
+        t, out = time.perf_counter(), []
+        for x in llm.generate(ids[0].tolist(), temp=T, top_k=0, top_p=1.0, min_p=0.0, repeat_penalty=1.0, reset=True):
+            out.append(x)
+            if x == llm.token_eos() or len(out) >= n: break
+        return out, time.perf_counter() - t
+    return call
+
+def _peer_cell(tokens, seconds, baseline):
+    "A peer's cell (llama.cpp's) from its tokens and seconds per prompt: seconds per token and the speedup over the autoregressive cell `baseline`, pooled and per prompt, and where its tokens first differ from the baseline's."
+    n = [max(1, len(t)) for t in tokens]
+    spt, pooled = [s / k for s, k in zip(seconds, n)], sum(seconds) / sum(n)
+    sp = [a / x for a, x in zip(baseline['per_prompt']['seconds_per_token'], spt)]
+    return dict(seconds_per_token=pooled, new_tokens=sum(len(t) for t in tokens), speedup=baseline['seconds_per_token'] / pooled,
+                per_prompt=dict(seconds_per_token=spt, speedup=sp), over_prompts=dict(speedup=mean_se(sp)),
+                first_difference=[first_difference(a, b) for a, b in zip(tokens, baseline['tokens'])], tokens=list(tokens))
+
 def bench(target, draft, prompts,                   # prompts: {dataset: [LongTensor[1, L], ...]}
           methods=('dyspec', 'dyspec_threshold', 'sequoia', 'specinfer', 'specinfer:5x8', 'specinfer:8x8', 'opt_tree', 'chain'),
           temperatures=(0.0, 0.6), budgets=(16, 64), max_new_tokens=64, draft_temperature=0.6, seed=0,
@@ -190,8 +224,9 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
           previous=None,                            # a record of an earlier, unfinished run of this grid: its parts are kept
           redo=(),                                  # with `previous`: these methods run again in its finished parts (of `temperatures`)
           draws=None,                               # 'top' or 'sample' for every builder that draws; None: top at T = 0, else sample
-          checkpoint=None):                         # called with the record after each (dataset, temperature) part
-    "Run the grid; a JSON-able record (settings, costs, calibration, and `results[dataset][T][budget][method]`)."
+          checkpoint=None,                          # called with the record after each (dataset, temperature) part
+          llama=None):                              # llama.cpp on the target's GGUF (`llama_cpp_decoder`): run in each part beside the autoregressive path
+    "Run the grid; a JSON-able record (settings, costs, calibration, `results[dataset][T][budget][method]`, and with `llama`, `peers[dataset][T]['llama.cpp']`)."
     ms = [parse_method(m) if isinstance(m, str) else m for m in methods]
     if not ms: raise ValueError("no methods to benchmark")
     if not prompts or any(len(v) == 0 for v in prompts.values()): raise ValueError("every dataset needs at least one prompt")
@@ -270,8 +305,10 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
                     if m.builder == 'sequoia': opts.update(acceptance=tuple(acc), max_depth=record['sequoia'][Tk][str(b)]['max_depth'])
                     decs[(b, m.label)] = SpecDecoder(target, draft, m.builder, b, **opts)
             gen = dict(temperature=T, draft_temperature=draft_temperature)
+            peer = llama if llama is not None and (not again or whole) else None  # a part run again keeps its llama.cpp cell
             for dec in decs.values(): dec.generate(prs[0], max_new_tokens=4, seed=seed, **gen)     # warm-up
-            stats = {k: [] for k in decs}; toks = {k: [] for k in decs}           # per prompt
+            if peer is not None: peer(prs[0], 4, T, seed)
+            stats = {k: [] for k in decs}; toks = {k: [] for k in decs}; peered = []   # per prompt
             for i, pr in enumerate(prs):
                 for key, dec in decs.items():
                     bar.set_postfix_str(f'{ds} T={T:g} ' + (key if isinstance(key, str) else f'{key[1]} b={key[0]}'))
@@ -279,6 +316,7 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
                     stats[key].append(out.stats)
                     toks[key].append(out.tokens.tolist())
                     bar.update()
+                if peer is not None: bar.set_postfix_str(f'{ds} T={T:g} llama.cpp'); peered.append(peer(pr, max_new_tokens, T, seed + i))
             ar = _cell(stats['autoregressive'], toks['autoregressive'])
             if again:                                   # the part keeps its autoregressive cell; the redone cells' speedups are over this run's
                 res, run = record['results'][ds][Tk], record['runs'][-1]
@@ -298,6 +336,7 @@ def bench(target, draft, prompts,                   # prompts: {dataset: [LongTe
                     if again and not whole: c['run'] = len(record['runs']) - 1
                     res[str(b)][m.label] = c
             record['results'].setdefault(ds, {})[Tk] = res
+            if peer is not None: record.setdefault('peers', {}).setdefault(ds, {})[Tk] = {'llama.cpp': _peer_cell(*zip(*peered), ar)}
             record['comparisons'].setdefault(ds, {})[Tk] = compare_cells(res, reference)
             parts.append([ds, Tk]); clock()
             if checkpoint is not None: checkpoint(record)
@@ -357,6 +396,10 @@ def bench_markdown(record, datasets=None, temperatures=None, reference='dyspec')
                 rows.append(f"\nMeans ± standard errors over {n} prompt{'s' if n != 1 else ''}. Last column: {reference}'s mean over the method's, "
                             "with the paired sign-flip test's p-value; n.s.: p >= 0.05, the two cannot be told apart here; "
                             "†: a 10% difference is not resolvable with these prompts.")
+            for name, c in record.get('peers', {}).get(ds, {}).get(Tk, {}).items():
+                rows.append(f"\n{name} on the target's GGUF file: {1e3 * c['seconds_per_token']:.1f} ms/token, {_fmt(c, 'speedup', 'x')} the autoregressive "
+                            "path's speed" + ('' if float(Tk) else f"; its greedy tokens first differ from the autoregressive path's at token "
+                            f"{', '.join('-' if i is None else str(i) for i in c['first_difference'])} of each prompt (-: never; its arithmetic is its own)") + '.')
             for k in sorted(set(later.values())):
                 r = record['runs'][k]
                 rows.append(f"\n‡ Run again by `{r['command']}` ({', '.join(m for m in later if later[m] == k)}): ms/token and speedup "
