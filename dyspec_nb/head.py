@@ -41,11 +41,11 @@ def _weights(model):
             if id(p) not in seen: seen.add(id(p)); yield pre + pname, tuple(p.shape), p
 
 def target_fingerprint(target):
-    "A hash of the target's parameter names, shapes and first 64 values (rounded to bfloat16, so fp32 and bf16 copies agree; a layer packed by 06f's `pack_gguf` as the float32 layer it was)."
+    "A hash of the target's parameter names, shapes and first 64 values (rounded to bfloat16, so fp32 and bf16 copies agree, and -0 read as 0, as a packed layer's codes give it; a layer packed by 06f's `pack_gguf` as the float32 layer it was)."
     h = hashlib.sha1()
     for name, shape, p in _weights(target):
         h.update(f"{name}{shape}".encode())
-        if p.device.type != 'meta': h.update(p.detach().flatten()[:64].to(torch.bfloat16).float().cpu().numpy().tobytes())
+        if p.device.type != 'meta': h.update((p.detach().flatten()[:64].float() + 0.0).to(torch.bfloat16).float().cpu().numpy().tobytes())   # x + 0.0: -0 -> 0
     return h.hexdigest()[:16]
 
 @dataclass

@@ -4,25 +4,28 @@
 
 # %% auto #0
 __all__ = ['TARGET_GGUF', 'GGUF_SIZES', 'SHIPPED_DRAFTS', 'DEFAULT_DRAFT', 'SHIPPED_HEAD_PRODUCTS', 'DTYPES', 'WEIGHTS',
-           'cache_dir', 'unwritable', 'write_whole', 'package_file', 'smollm2_gguf', 'disk_full', 'free_bytes',
-           'megabytes', 'no_space', 'DiskFull', 'spare_folders', 'write_or_keep', 'available_memory', 'peak_memory',
-           'weight_count', 'TooLarge', 'check_memory', 'model_bytes', 'convert_gguf', 'load_target', 'plain_ids',
-           'chat_ids', 'placement', 'packs', 'load_default_pair', 'is_gguf', 'gguf_dest', 'load_gguf', 'damaged',
-           'load_local', 'load_local_target', 'tokenizer_mismatch', 'trained_heads', 'cached_head', 'keep_head',
-           'pack_target', 'load_pair', 'tiny_llama', 'hf_generate']
+           'PACK_LOADS', 'GGUF_FLOATS', 'cache_dir', 'unwritable', 'write_whole', 'package_file', 'smollm2_gguf',
+           'disk_full', 'free_bytes', 'megabytes', 'no_space', 'DiskFull', 'spare_folders', 'write_or_keep',
+           'available_memory', 'peak_memory', 'gguf_tensors', 'weight_count', 'TooLarge', 'check_memory', 'model_bytes',
+           'convert_gguf', 'load_target', 'plain_ids', 'chat_ids', 'placement', 'packs', 'load_default_pair', 'is_gguf',
+           'gguf_dest', 'load_gguf', 'damaged', 'load_local', 'load_local_target', 'tokenizer_mismatch',
+           'trained_heads', 'cached_head', 'keep_head', 'load_pair', 'tiny_llama', 'gguf_meta', 'load_gguf_packed',
+           'hf_generate']
 
 # %% ../nbs/api/4-models/05_models.ipynb #d3553f6d
 import atexit, contextlib, copy, errno, fcntl, hashlib, json, math, mmap, re, stat, struct, sys, threading, warnings, time, importlib.util, os, shutil, tempfile
 from functools import lru_cache
 from pathlib import Path
+import numpy as np
 import torch
+from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, MistralConfig, MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Gemma3TextConfig, Gemma3ForCausalLM
 from transformers.utils import logging as hf_logging
 from safetensors import SafetensorError
 from .draft import load_draft
 from .head import load_head, head_dir, is_head_folder, target_fingerprint
 from .small_linear import bf16_available
-from .packed import pack_gguf, packed_kernels
+from .packed import pack_gguf, packed_kernels, PackedLinear, PACK_FAMILIES, GGUF_LINEARS, GGUF_BLOCKS, CODE_LAYOUTS, product_layouts, rope_rows
 
 # %% ../nbs/api/4-models/05_models.ipynb #a402c06e
 TARGET_GGUF = 'SmolLM2-135M-Instruct.Q4_1.gguf'
@@ -150,29 +153,53 @@ def peak_memory():
 
 GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}   # bytes of each fixed-size GGUF value type
 
+def _gguf_header(m):         # the GGUF file's bytes (a memory map)
+    """`(alignment, tensors)` from a GGUF file's header: skip the metadata (key, type, value; strings and arrays by their
+    lengths), keeping `general.alignment`, then each tensor's `(name, dims, type, offset)` (dims in GGML's order, the
+    offset from the data's start). `gguf.GGUFReader` reads the same, but it builds every metadata array in Python, a
+    vocabulary of 262,144 strings included, and takes seconds."""
+    n_tensors, n_kv = struct.unpack_from('<QQ', m, 8); at, align = 24, 32    # after b'GGUF' and the version; GGUF's default alignment
+    def skip(kind, at):                                                     # past one value of type `kind`
+        if kind in GGUF_SIZES: return at + GGUF_SIZES[kind]
+        if kind == 8: return at + 8 + struct.unpack_from('<Q', m, at)[0]  # a string: its length, its bytes
+        if kind != 9: raise ValueError(f'unknown GGUF value type {kind}')
+        item, count = struct.unpack_from('<IQ', m, at); at += 12           # an array: its items' type and count
+        if item in GGUF_SIZES: return at + count * GGUF_SIZES[item]
+        for _ in range(count): at = skip(item, at)
+        return at
+    for _ in range(n_kv):
+        n = struct.unpack_from('<Q', m, at)[0]; key = bytes(m[at + 8:at + 8 + n]); at += 8 + n
+        kind = struct.unpack_from('<I', m, at)[0]
+        if key == b'general.alignment' and kind == 4: align = struct.unpack_from('<I', m, at + 4)[0]
+        at = skip(kind, at + 4)
+    tensors = []
+    for _ in range(n_tensors):
+        n = struct.unpack_from('<Q', m, at)[0]; name = bytes(m[at + 8:at + 8 + n]).decode(); at += 8 + n
+        dims = struct.unpack_from('<I', m, at)[0]
+        shape = struct.unpack_from(f'<{dims}Q', m, at + 4); kind, offset = struct.unpack_from('<IQ', m, at + 4 + 8 * dims)
+        tensors.append((name, shape, kind, offset)); at += 4 + 8 * dims + 4 + 8
+    return align, tensors, -(-at // align) * align                          # ... and where the data starts
+
 def _gguf_weights(path):
-    """The numbers the tensors of the GGUF file `path` hold, from its header: skip the metadata (key, type, value; strings
-    and arrays by their lengths), then multiply each tensor's dimensions. `gguf.GGUFReader` reads the same, but it builds
-    every metadata array in Python, a vocabulary of 262,144 strings included, and takes seconds."""
+    "The numbers the tensors of the GGUF file `path` hold, from its header (`_gguf_header`)."
     with open(path, 'rb') as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as m:
-        n_tensors, n_kv = struct.unpack_from('<QQ', m, 8); at = 24             # after b'GGUF' and the version
-        def skip(kind, at):                                                     # past one value of type `kind`
-            if kind in GGUF_SIZES: return at + GGUF_SIZES[kind]
-            if kind == 8: return at + 8 + struct.unpack_from('<Q', m, at)[0]  # a string: its length, its bytes
-            if kind != 9: raise ValueError(f'unknown GGUF value type {kind}')
-            item, count = struct.unpack_from('<IQ', m, at); at += 12           # an array: its items' type and count
-            if item in GGUF_SIZES: return at + count * GGUF_SIZES[item]
-            for _ in range(count): at = skip(item, at)
-            return at
-        for _ in range(n_kv):
-            at += 8 + struct.unpack_from('<Q', m, at)[0]                       # the key
-            at = skip(struct.unpack_from('<I', m, at)[0], at + 4)
-        total = 0
-        for _ in range(n_tensors):
-            at += 8 + struct.unpack_from('<Q', m, at)[0]                       # the name
-            dims = struct.unpack_from('<I', m, at)[0]
-            total += math.prod(struct.unpack_from(f'<{dims}Q', m, at + 4)); at += 4 + 8 * dims + 4 + 8   # its shape, type and offset
-        return total
+        return sum(math.prod(shape) for _, shape, _, _ in _gguf_header(m)[1])
+
+def gguf_tensors(path):
+    """`{name: (format, shape, data)}` of the GGUF file `path`'s tensors, read from its header alone (`_gguf_header`):
+    the format's name (gguf's `GGMLQuantizationType`), the shape as the model holds it (rows first), and the data as a
+    read-only memory map, as `gguf.GGUFReader` gives it: quantised rows as bytes [rows, row bytes], float tensors as numbers."""
+    import gguf
+    m = np.memmap(path, dtype=np.uint8, mode='r')
+    _, tensors, start = _gguf_header(m)
+    out = {}
+    for name, dims, kind, offset in tensors:
+        q = gguf.GGMLQuantizationType(kind); block, size = gguf.GGML_QUANT_SIZES[q]
+        shape = tuple(int(d) for d in reversed(dims)); n = math.prod(shape)
+        raw = m[start + offset:start + offset + n // block * size]
+        data = raw.view({'F32': np.float32, 'F16': np.float16}[q.name]).reshape(shape) if q.name in ('F32', 'F16') else raw.reshape(*shape[:-1], shape[-1] // block * size)
+        out[name] = (q.name, shape, data)
+    return out
 
 def weight_count(name):
     "How many numbers the weights of the folder or GGUF file `name` hold, from the files' headers (nothing is loaded); None where they cannot be read."
@@ -537,19 +564,11 @@ def keep_head(folder, target):
         warnings.warn(f"cannot keep a copy of the head in {dest.parent} ({e.strerror or e}): give --draft {folder} to use it", RuntimeWarning, stacklevel=2)
         return None
 
-def pack_target(model, path, weights=None):
-    """`model`, loaded from the GGUF file `path`, on the file's packed blocks where they run it (`pack_gguf`: a Llama,
-    Qwen2 or Mistral whose products are in the formats of GGUF_BLOCKS); else as it is, with `weights` None, or a one-line
-    ValueError that says why with `weights='packed'`."""
-    try: return pack_gguf(model, path)
-    except ValueError as e:
-        if weights == 'packed': raise ValueError(f"cannot run {str(path)!r} on packed weights: {e}; ask for weights='dense'") from None
-        return model
-
 def load_pair(target=None, draft=None, device=None, dtype=None, need_draft=True, weights=None):
     """`(target, draft, tokenizer)`: the embedded pair, or models from local folders, GGUF files or names in the local
     cache; `draft` 'head' or 'token' is a shipped one; on `device` in `dtype` (`placement`). A GGUF target runs on its
-    file's packed blocks as `packs` says for `weights` (`pack_target`); a folder's is dense. A target given with no `draft`
+    file's packed blocks as `packs` says for `weights` (`load_gguf_packed`; where the file cannot be packed, dense, or
+    with `weights='packed'` a one-line ValueError); a folder's is dense. A target given with no `draft`
     takes the head trained for it where the cache keeps one (`cached_head`), else the token draft where the vocabulary is
     shared; a target of another vocabulary with neither is refused in one line that names the ways out, unless
     `need_draft` is False (plain decoding): then the draft is None. A draft whose tokenizer differs from the target's
@@ -560,9 +579,8 @@ def load_pair(target=None, draft=None, device=None, dtype=None, need_draft=True,
         warnings.warn(f"{draft!r} names the shipped {draft} draft and a local {'folder' if Path(draft).is_dir() else 'file'}: "
                       f"this takes the shipped one; give ./{draft} for the local one", UserWarning, stacklevel=2)
     if target is None and (draft is None or draft in SHIPPED_DRAFTS): return load_default_pair(draft, dev, dt, weights)
-    t, tok = _cached_target(packed) if target is None else load_local_target(target, dt)   # a folder's or file's read in dt from the start
-    if target is None: t = t if packed else _placed(t, dev, dt)      # the embedded target is cached: itself, or a copy
-    else: t = (pack_target(t, target, weights) if packed and is_gguf(target) else t).to(dev)   # a folder's or file's is ours
+    if target is None: t, tok = _cached_target(packed); t = t if packed else _placed(t, dev, dt)   # the embedded target is cached: itself, or a copy
+    else: t, tok = _packed_or_dense(target, dt, weights) if packed and is_gguf(target) else load_local_target(target, dt); t = t.to(dev)   # read in dt from the start
     ways = (f"give a draft that shares the target's tokenizer, or train a head for the target (dyspec train-draft{f' --target {target}' if target else ''} "
             "--out HEAD, which also keeps a copy in the cache that this target then takes as its draft)")
     if draft is None and target is not None and (h := cached_head(t)) is not None: return t, load_head(h, t, dtype=dt).to(dev), tok
@@ -615,6 +633,91 @@ def tiny_llama(vocab_size=16, hidden_size=32, layers=2, heads=4, kv_heads=2, see
                 if 'norm' in n_: p.fill_(0.0 if family == 'gemma3' else 1.0)   # Gemma's norms scale by 1 + weight
                 elif 'embed' in n_ and family == 'gemma3': p.div_(hidden_size ** 0.5)   # its embeddings are scaled by sqrt(H)
     return m.eval()
+
+# %% ../nbs/api/4-models/05_models.ipynb #2e28ff06
+PACK_LOADS = {f.config_class.model_type: f for f in PACK_FAMILIES}   # the model types `load_gguf_packed` builds
+GGUF_FLOATS = {'attn_norm.weight': 'input_layernorm.weight', 'ffn_norm.weight': 'post_attention_layernorm.weight'}   # blk.{i}'s float tensors -> model.layers.{i}'s
+
+def gguf_meta(f):
+    """`(config, tokenizer)` of the GGUF file `f`, read from its metadata once and kept in the cache (`gguf_dest`'s
+    folder, named -meta), written whole; a copy that cannot be read is read from the file again and replaced, and a
+    cache that cannot be written is said in a warning."""
+    dest = gguf_dest(f).with_name(gguf_dest(f).name.removesuffix('-f32') + '-meta')
+    try: return AutoConfig.from_pretrained(dest), AutoTokenizer.from_pretrained(dest)
+    except Exception: pass                                              # none yet, or damaged: read the file
+    f = Path(f)
+    verbosity = hf_logging.get_verbosity(); hf_logging.set_verbosity_error()
+    try: config, tok = AutoConfig.from_pretrained(f.parent, gguf_file=f.name), AutoTokenizer.from_pretrained(f.parent, gguf_file=f.name)
+    finally: hf_logging.set_verbosity(verbosity)
+    tmp = None
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f'{dest.name}.tmp{os.getpid()}-'))
+        config.save_pretrained(tmp); tok.save_pretrained(tmp); _shared(tmp)
+        if dest.exists(): _remove(dest)
+        os.replace(tmp, dest)
+    except OSError as e:
+        warnings.warn(f"cannot keep the metadata of {f.name} in {dest.parent} ({e.strerror or e}): every load reads it from the file again", RuntimeWarning, stacklevel=2)
+    finally:
+        if tmp is not None: shutil.rmtree(tmp, ignore_errors=True)
+    return config, tok
+
+@torch.no_grad()
+def load_gguf_packed(f,                     # a GGUF file of a Llama, Qwen2 or Mistral model
+                     activations='int8'):   # what the products multiply: 'int8' (llama.cpp's arithmetic) or 'float32' (Q4_1 and Q8_0 products only)
+    """`(model, tokenizer)` of the GGUF file `f`, built from the file (see above): every product a `PackedLinear` of its
+    blocks, the output layer too where its format is one of GGUF_BLOCKS (else dequantised), the other tensors float32; in
+    eval mode. The same model as `pack_gguf` makes of transformers' dequantised one. A one-line ValueError for another
+    family or a product in another format; `TooLarge` where it would not fit in memory."""
+    import gguf
+    config, tok = gguf_meta(f)
+    family = PACK_LOADS.get(config.model_type)
+    if family is None: raise ValueError(f"packed weights are built for {', '.join(PACK_LOADS)} models, and {str(f)!r} holds a {config.model_type} model")
+    ts = gguf_tensors(f)                                                 # {name: (format, shape, data)}, memory-mapped: each read when it is built
+    L, kinds = config.num_hidden_layers, set(GGUF_BLOCKS) if activations == 'int8' else {'Q4_1', 'Q8_0'}
+    fmts = {(i, k): ts.get(f'blk.{i}.{k}.weight', (None,))[0] for i in range(L) for k in GGUF_LINEARS}
+    if bad := sorted(map(str, set(fmts.values()) - kinds)):
+        raise ValueError(f"{str(f)!r} holds decoder-layer products in {', '.join(bad)}, which the packed kernels on {activations} activations do not read")
+    layouts = product_layouts(fmts) if activations == 'int8' else dict.fromkeys(fmts)
+    out = 'output.weight' if 'output.weight' in ts else 'token_embd.weight'
+    fo = ts[out][0]
+    pack_out = fo in kinds and (activations == 'float32' or ts[out][1][0] % 16 == 0)
+    per = lambda i, k: (320 if layouts[i, k] is None else CODE_LAYOUTS[layouts[i, k]]) / 512 if activations == 'int8' else GGUF_BLOCKS[fmts[i, k]][1] / GGUF_BLOCKS[fmts[i, k]][0]
+    products = {f'blk.{i}.{k}.weight': (i, k) for i, k in fmts}
+    need = sum(per(*products[n]) * math.prod(shape) if n in products else 2 * data.nbytes if n == out and pack_out else 4 * math.prod(shape)
+               for n, (_, shape, data) in ts.items())                   # the products' tiles, the output layer's (at most twice its blocks), the rest in float32
+    if (free := available_memory()) is not None and need > free:
+        raise TooLarge(f"the GGUF file {str(f)!r} takes about {megabytes(need)} on packed weights, and this machine has {megabytes(free)} of memory available")
+    def floats(name):                                                   # a tensor of the file, dequantised: [rows, columns] as the model holds it
+        fmt, shape, data = ts[name]
+        return torch.from_numpy(np.array(gguf.quants.dequantize(data, gguf.GGMLQuantizationType[fmt]), dtype=np.float32)).reshape(shape)
+    blocks = lambda name: torch.from_numpy(np.array(ts[name][2]))       # [N, K / n * bytes], copied out of the map
+    turned = {'attn_q': config.num_attention_heads, 'attn_k': config.num_key_value_heads} if config.model_type in ('llama', 'mistral') else {}
+    with torch.device('meta'): model = family(config)
+    for i, layer in enumerate(model.model.layers):
+        for k, name in GGUF_LINEARS.items():
+            b = blocks(f'blk.{i}.{k}.weight')
+            if k in turned: b = b[rope_rows(b.shape[0], turned[k])].contiguous()   # GGML's rotary order undone, as transformers does
+            bias = f'blk.{i}.{k}.bias'
+            layer.set_submodule(name, PackedLinear(b, fmts[i, k], nn.Parameter(floats(bias), requires_grad=False) if bias in ts else None,
+                                                   activations=activations, layout=layouts[i, k]))
+        for g, name in GGUF_FLOATS.items(): layer.get_submodule(name.rpartition('.')[0]).weight = nn.Parameter(floats(f'blk.{i}.{g}'), requires_grad=False)
+    model.model.embed_tokens.weight = nn.Parameter(floats('token_embd.weight'), requires_grad=False)
+    model.model.norm.weight = nn.Parameter(floats('output_norm.weight'), requires_grad=False)
+    if pack_out: model.lm_head = PackedLinear(blocks(out), fo, tied=out == 'token_embd.weight', activations=activations)
+    else: model.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False); model.lm_head.weight = nn.Parameter(floats(out), requires_grad=False)
+    model.model.rotary_emb = type(model.model.rotary_emb)(config=config)  # its tables, computed on the CPU
+    if left := [n for n, p in [*model.named_parameters(), *model.named_buffers()] if p.is_meta]:
+        raise ValueError(f"{str(f)!r} lacks tensors the {config.model_type} model needs ({', '.join(left[:3])}{', ...' if len(left) > 3 else ''})")
+    return model.eval(), tok
+
+def _packed_or_dense(f, dtype, weights=None):
+    "`(model, tokenizer)` of the GGUF file `f` on packed weights (`load_gguf_packed`); where it cannot be packed, dense in `dtype` (`load_gguf`) with `weights` None, or a one-line ValueError with 'packed'."
+    try: return load_gguf_packed(f)
+    except TooLarge: raise
+    except ValueError as e:
+        if weights == 'packed': raise ValueError(f"cannot run {str(f)!r} on packed weights: {e}; ask for weights='dense'") from None
+        return load_gguf(f, dtype)
 
 # %% ../nbs/api/4-models/05_models.ipynb #4628f350
 def hf_generate(model, input_ids,     # LongTensor[1, L]: one prompt

@@ -4,10 +4,10 @@
 
 # %% auto #0
 __all__ = ['PACK_FAMILIES', 'BLOCK', 'FORMATS', 'GGUF_BLOCKS', 'CODE_LAYOUTS', 'FORMAT_LAYOUT', 'ACTIVATIONS', 'GGUF_LINEARS',
-           'packed_kernels', 'dequantize', 'quantize_activations', 'repack_q4_1', 'untile_q4_1', 'tiled_linear',
-           'packed_linear', 'gguf_codes', 'code_weights', 'tile_codes', 'untile_codes', 'PackedLinear', 'pack_gguf',
-           'packed_bytes', 'q4_1_blocks', 'pack_q4_1', 'packed_stack', 'packed_kind', 'PackedPlan', 'packed_plan',
-           'packed_layers']
+           'GGUF_GROUPS', 'packed_kernels', 'dequantize', 'quantize_activations', 'repack_q4_1', 'untile_q4_1',
+           'tiled_linear', 'packed_linear', 'gguf_codes', 'code_weights', 'tile_codes', 'untile_codes', 'PackedLinear',
+           'product_layouts', 'rope_rows', 'pack_gguf', 'packed_bytes', 'q4_1_blocks', 'pack_q4_1', 'packed_stack',
+           'packed_kind', 'PackedPlan', 'packed_plan', 'packed_layers']
 
 # %% ../nbs/api/3-forward/06f_packed.ipynb #1c22fa35
 import functools
@@ -270,7 +270,15 @@ class PackedLinear(nn.Module):
         return torch.cat([some(i) for i in ids.split(chunk)]) if len(ids) else torch.empty(0, self.in_features)
     def extra_repr(self): return f"in_features={self.in_features}, out_features={self.out_features}, {self.fmt}, {self.activations} activations"
 
-def _rope_rows(n_rows, heads):
+GGUF_GROUPS = (('attn_q', 'attn_k', 'attn_v'), ('attn_output',), ('ffn_gate', 'ffn_up'), ('ffn_down',))   # the products a packed layer stacks together
+
+def product_layouts(fmts):   # {(layer, GGUF name): format} of every decoder layer's seven products
+    "`{(layer, name): layout}` of the products on int8 activations: None (Q4_1's own tiles) where every product is Q4_1, else the widest of CODE_LAYOUTS among the formats of the products stacked with it (`GGUF_GROUPS`)."
+    if set(fmts.values()) == {'Q4_1'}: return dict.fromkeys(fmts)
+    group = {k: g for g in GGUF_GROUPS for k in g}
+    return {(i, k): max((FORMAT_LAYOUT[fmts[i, g]] for g in group[k]), key=list(CODE_LAYOUTS).index) for i, k in fmts}
+
+def rope_rows(n_rows, heads):
     "The row order transformers gives a GGUF's Llama query or key weight of `heads` heads (it undoes GGML's rotary order): LongTensor[n_rows]."
     dim = n_rows // heads // 2
     return torch.arange(n_rows).reshape(heads, dim, 2).transpose(1, 2).reshape(n_rows)   # row (h, a, j) of the model is row (h, j, a) of the file
@@ -293,22 +301,18 @@ def pack_gguf(model,        # a model of `PACK_FAMILIES` loaded from the GGUF fi
     fmt_of = lambda i, k: tensors.get(f'blk.{i}.{k}.weight', ('',))[0]
     fmts = {fmt_of(i, k) for i in range(len(model.model.layers)) for k in GGUF_LINEARS}
     layers = range(len(model.model.layers)) if fmts <= kinds else ()         # the decoder layers pack all or none: the lean forward stacks them alike
-    def layout(i, ks):                                                      # where any is not Q4_1, products stacked together take the widest layout of their formats'
-        return None if fmts == {'Q4_1'} else max((FORMAT_LAYOUT[fmt_of(i, k)] for k in ks), key=list(CODE_LAYOUTS).index)
-    groups = (('attn_q', 'attn_k', 'attn_v'), ('attn_output',), ('ffn_gate', 'ffn_up'), ('ffn_down',))
+    layouts = product_layouts({(i, k): fmt_of(i, k) for i in layers for k in GGUF_LINEARS})
     def checked(name, fmt, blocks, w, heads=None):                         # the blocks, rows reordered where the model's are, or a ValueError
         if torch.equal(dequantize(blocks, fmt), w): return blocks
-        if heads and torch.equal(dequantize(turned := blocks[_rope_rows(blocks.shape[0], heads)], fmt), w): return turned
+        if heads and torch.equal(dequantize(turned := blocks[rope_rows(blocks.shape[0], heads)], fmt), w): return turned
         raise ValueError(f"{name} of {path} dequantised is not the model's weight it names: is the model loaded from this file?")
     swaps = {}                                                              # module name -> PackedLinear: all checked, then made
     for i in layers:
-        for ks in groups:
-            for k in ks:
-                name = GGUF_LINEARS[k]
-                n, lin = f'blk.{i}.{k}.weight', model.model.layers[i].get_submodule(name)
-                fmt, heads = tensors[n][0], {'attn_q': c.num_attention_heads, 'attn_k': c.num_key_value_heads}.get(k)
-                swaps[f'model.layers.{i}.{name}'] = PackedLinear(checked(n, fmt, tensors[n][1], lin.weight, heads).contiguous(), fmt, lin.bias,
-                                                                 activations=activations, layout=layout(i, ks))
+        for k, name in GGUF_LINEARS.items():
+            n, lin = f'blk.{i}.{k}.weight', model.model.layers[i].get_submodule(name)
+            fmt, heads = tensors[n][0], {'attn_q': c.num_attention_heads, 'attn_k': c.num_key_value_heads}.get(k)
+            swaps[f'model.layers.{i}.{name}'] = PackedLinear(checked(n, fmt, tensors[n][1], lin.weight, heads).contiguous(), fmt, lin.bias,
+                                                             activations=activations, layout=layouts[i, k])
     head = model.get_output_embeddings()
     tied = 'output.weight' not in tensors and head.weight is model.get_input_embeddings().weight
     out = 'token_embd.weight' if tied else 'output.weight'
