@@ -625,6 +625,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                              'dyspec_nb/packed.py'),
                                   'dyspec_nb.packed.repack_q4_1': ('api/3-forward/packed.html#repack_q4_1', 'dyspec_nb/packed.py'),
                                   'dyspec_nb.packed.rope_rows': ('api/3-forward/packed.html#rope_rows', 'dyspec_nb/packed.py'),
+                                  'dyspec_nb.packed.share_storage': ('api/3-forward/packed.html#share_storage', 'dyspec_nb/packed.py'),
                                   'dyspec_nb.packed.tile_codes': ('api/3-forward/packed.html#tile_codes', 'dyspec_nb/packed.py'),
                                   'dyspec_nb.packed.tiled_linear': ('api/3-forward/packed.html#tiled_linear', 'dyspec_nb/packed.py'),
                                   'dyspec_nb.packed.untile_codes': ('api/3-forward/packed.html#untile_codes', 'dyspec_nb/packed.py'),

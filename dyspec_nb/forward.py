@@ -134,8 +134,14 @@ def lean_supported(model):
 _STACKS = weakref.WeakKeyDictionary()        # owner -> {name: (the weights' identities and versions, stacked weight, stacked bias)}
 
 def _cat(ts):
+    "The tensors `ts` stacked along dim 0: a view where they lie one after another in one storage (packed weights laid out so, `share_storage` in 06f), else a copy."
     if ts[0] is None: return None
-    return ts[0].detach() if len(ts) == 1 else torch.cat([t.detach() for t in ts])
+    if len(ts) == 1: return ts[0].detach()
+    t0 = ts[0]
+    if (all(t.is_contiguous() and t.dtype == t0.dtype and t.shape[1:] == t0.shape[1:] and t.untyped_storage().data_ptr() == t0.untyped_storage().data_ptr() for t in ts)
+            and all(b.data_ptr() == a.data_ptr() + a.numel() * a.element_size() for a, b in zip(ts, ts[1:]))):
+        return t0.detach().as_strided((sum(t.shape[0] for t in ts), *t0.shape[1:]), t0.stride())   # one after another: no copy
+    return torch.cat([t.detach() for t in ts])
 
 def stacked(owner, name, mods):
     "`(weight, bias)`: the weights the linear modules `mods` multiply by (`linear_product`'s: bfloat16 after `bf16_products`) and their biases, stacked along the outputs so that one product does the work of several; kept for `owner` under `name`, made again when any weight changes."

@@ -25,7 +25,7 @@ from safetensors import SafetensorError
 from .draft import load_draft
 from .head import load_head, head_dir, is_head_folder, target_fingerprint
 from .small_linear import bf16_available
-from .packed import pack_gguf, packed_kernels, PackedLinear, PACK_FAMILIES, GGUF_LINEARS, GGUF_BLOCKS, CODE_LAYOUTS, product_layouts, rope_rows
+from .packed import pack_gguf, packed_kernels, PackedLinear, PACK_FAMILIES, GGUF_LINEARS, GGUF_GROUPS, GGUF_BLOCKS, CODE_LAYOUTS, product_layouts, rope_rows, share_storage
 
 # %% ../nbs/api/4-models/05_models.ipynb #a402c06e
 TARGET_GGUF = 'SmolLM2-135M-Instruct.Q4_1.gguf'
@@ -701,6 +701,7 @@ def load_gguf_packed(f,                     # a GGUF file of a Llama, Qwen2 or M
             bias = f'blk.{i}.{k}.bias'
             layer.set_submodule(name, PackedLinear(b, fmts[i, k], nn.Parameter(floats(bias), requires_grad=False) if bias in ts else None,
                                                    activations=activations, layout=layouts[i, k]))
+        for g in GGUF_GROUPS: share_storage([layer.get_submodule(GGUF_LINEARS[k]) for k in g])   # what the forward stacks, stacked once
         for g, name in GGUF_FLOATS.items(): layer.get_submodule(name.rpartition('.')[0]).weight = nn.Parameter(floats(f'blk.{i}.{g}'), requires_grad=False)
     model.model.embed_tokens.weight = nn.Parameter(floats('token_embd.weight'), requires_grad=False)
     model.model.norm.weight = nn.Parameter(floats('output_norm.weight'), requires_grad=False)

@@ -6,8 +6,8 @@
 __all__ = ['PACK_FAMILIES', 'BLOCK', 'FORMATS', 'GGUF_BLOCKS', 'CODE_LAYOUTS', 'FORMAT_LAYOUT', 'ACTIVATIONS', 'GGUF_LINEARS',
            'GGUF_GROUPS', 'packed_kernels', 'dequantize', 'quantize_activations', 'repack_q4_1', 'untile_q4_1',
            'tiled_linear', 'packed_linear', 'gguf_codes', 'code_weights', 'tile_codes', 'untile_codes', 'PackedLinear',
-           'product_layouts', 'rope_rows', 'pack_gguf', 'packed_bytes', 'q4_1_blocks', 'pack_q4_1', 'packed_stack',
-           'packed_kind', 'PackedPlan', 'packed_plan', 'packed_layers']
+           'share_storage', 'product_layouts', 'rope_rows', 'pack_gguf', 'packed_bytes', 'q4_1_blocks', 'pack_q4_1',
+           'packed_stack', 'packed_kind', 'PackedPlan', 'packed_plan', 'packed_layers']
 
 # %% ../nbs/api/3-forward/06f_packed.ipynb #1c22fa35
 import functools
@@ -272,6 +272,17 @@ class PackedLinear(nn.Module):
 
 GGUF_GROUPS = (('attn_q', 'attn_k', 'attn_v'), ('attn_output',), ('ffn_gate', 'ffn_up'), ('ffn_down',))   # the products a packed layer stacks together
 
+def share_storage(mods):   # PackedLinears a layer stacks (one of GGUF_GROUPS)
+    """Put the packed weights of `mods` (what their products read: tiles, or blocks) in one tensor, each module's a view
+    of its rows, where they have the same width: the forward's stack of them (`stacked`, 06b) is then that tensor, not a
+    second copy of it; `mods`."""
+    ws = [m.product()[1] for m in mods]
+    if len(mods) < 2 or any(w.shape[1:] != ws[0].shape[1:] or w.dtype != ws[0].dtype for w in ws): return mods
+    whole, at = torch.cat(ws), 0
+    for m, w in zip(mods, ws):
+        setattr(m, 'blocks' if m.tiles is None else 'tiles', whole[at:at + w.shape[0]]); at += w.shape[0]
+    return mods
+
 def product_layouts(fmts):   # {(layer, GGUF name): format} of every decoder layer's seven products
     "`{(layer, name): layout}` of the products on int8 activations: None (Q4_1's own tiles) where every product is Q4_1, else the widest of CODE_LAYOUTS among the formats of the products stacked with it (`GGUF_GROUPS`)."
     if set(fmts.values()) == {'Q4_1'}: return dict.fromkeys(fmts)
@@ -321,6 +332,8 @@ def pack_gguf(model,        # a model of `PACK_FAMILIES` loaded from the GGUF fi
         swaps[next(n for n, m in model.named_modules() if m is head)] = PackedLinear(checked(out, fmt, blocks, head.weight).contiguous(), fmt, tied=tied, activations=activations)
     if not swaps: raise ValueError(f"{path} holds no layer in {', '.join(sorted(kinds))} (decoder layers pack when every layer's seven products are): nothing to pack")
     for name, p in swaps.items(): model.set_submodule(name, p)
+    for i in layers:
+        for g in GGUF_GROUPS: share_storage([model.model.layers[i].get_submodule(GGUF_LINEARS[k]) for k in g])
     return model
 
 def packed_bytes(model):
