@@ -575,6 +575,8 @@ def load_pair(target=None, draft=None, device=None, dtype=None, need_draft=True,
     (`tokenizer_mismatch`) is refused in one line that says how, with the same ways out."""
     dev, dt = placement(device, dtype)                             # before any model loads
     packed = packs(dev, dt, weights)
+    if weights == 'packed' and target is not None and not is_gguf(target):
+        raise ValueError(f"packed weights are built from a GGUF file's blocks, and the target {target!r} is not a GGUF file; give its GGUF file, or ask for weights='dense'")
     if draft in SHIPPED_DRAFTS and Path(draft).exists():
         warnings.warn(f"{draft!r} names the shipped {draft} draft and a local {'folder' if Path(draft).is_dir() else 'file'}: "
                       f"this takes the shipped one; give ./{draft} for the local one", UserWarning, stacklevel=2)
