@@ -4,13 +4,14 @@
 
 # %% auto #0
 __all__ = ['PACK_FAMILIES', 'BLOCK', 'FORMATS', 'GGUF_BLOCKS', 'CODE_LAYOUTS', 'FORMAT_LAYOUT', 'ACTIVATIONS', 'GGUF_LINEARS',
-           'GGUF_GROUPS', 'packed_kernels', 'dequantize', 'quantize_activations', 'repack_q4_1', 'untile_q4_1',
-           'tiled_linear', 'packed_linear', 'gguf_codes', 'code_weights', 'tile_codes', 'untile_codes', 'PackedLinear',
-           'share_storage', 'product_layouts', 'rope_rows', 'pack_gguf', 'packed_bytes', 'q4_1_blocks', 'pack_q4_1',
-           'packed_stack', 'packed_kind', 'PackedPlan', 'packed_plan', 'packed_layers']
+           'GGUF_GROUPS', 'GGUF_SIZES', 'packed_kernels', 'dequantize', 'quantize_activations', 'repack_q4_1',
+           'untile_q4_1', 'tiled_linear', 'packed_linear', 'gguf_codes', 'code_weights', 'tile_codes', 'untile_codes',
+           'PackedLinear', 'share_storage', 'product_layouts', 'output_packs', 'rope_rows', 'gguf_tensors', 'pack_gguf',
+           'packed_bytes', 'q4_1_blocks', 'pack_q4_1', 'packed_stack', 'packed_kind', 'PackedPlan', 'packed_plan',
+           'packed_layers']
 
 # %% ../nbs/api/3-forward/06f_packed.ipynb #1c22fa35
-import functools
+import functools, math, struct
 from dataclasses import dataclass
 import numpy as np
 import torch
@@ -289,16 +290,59 @@ def product_layouts(fmts):   # {(layer, GGUF name): format} of every decoder lay
     group = {k: g for g in GGUF_GROUPS for k in g}
     return {(i, k): max((FORMAT_LAYOUT[fmts[i, g]] for g in group[k]), key=list(CODE_LAYOUTS).index) for i, k in fmts}
 
+def output_packs(fmt, rows, activations):
+    "Whether an output layer of `rows` rows in `fmt` packs: a format of the float32 kernel's (FORMATS), or on int8 activations any of GGUF_BLOCKS in tiles of 16 rows."
+    return fmt in FORMATS if activations == 'float32' else fmt in GGUF_BLOCKS and rows % 16 == 0
+
 def rope_rows(n_rows, heads):
     "The row order transformers gives a GGUF's Llama query or key weight of `heads` heads (it undoes GGML's rotary order): LongTensor[n_rows]."
     dim = n_rows // heads // 2
     return torch.arange(n_rows).reshape(heads, dim, 2).transpose(1, 2).reshape(n_rows)   # row (h, a, j) of the model is row (h, j, a) of the file
 
-def _gguf_tensors(path):
-    "{name: (format, ByteTensor[N, K / 32 * bytes])} of a GGUF file's tensors in the formats here (read through a memory map, copied out)."
+GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}   # bytes of each fixed-size GGUF value type
+
+def _gguf_header(m):         # the GGUF file's bytes (a memory map)
+    """`(alignment, tensors)` from a GGUF file's header: skip the metadata (key, type, value; strings and arrays by their
+    lengths), keeping `general.alignment`, then each tensor's `(name, dims, type, offset)` (dims in GGML's order, the
+    offset from the data's start). `gguf.GGUFReader` reads the same, but it builds every metadata array in Python, a
+    vocabulary of 262,144 strings included, and takes seconds."""
+    n_tensors, n_kv = struct.unpack_from('<QQ', m, 8); at, align = 24, 32    # after b'GGUF' and the version; GGUF's default alignment
+    def skip(kind, at):                                                     # past one value of type `kind`
+        if kind in GGUF_SIZES: return at + GGUF_SIZES[kind]
+        if kind == 8: return at + 8 + struct.unpack_from('<Q', m, at)[0]  # a string: its length, its bytes
+        if kind != 9: raise ValueError(f'unknown GGUF value type {kind}')
+        item, count = struct.unpack_from('<IQ', m, at); at += 12           # an array: its items' type and count
+        if item in GGUF_SIZES: return at + count * GGUF_SIZES[item]
+        for _ in range(count): at = skip(item, at)
+        return at
+    for _ in range(n_kv):
+        n = struct.unpack_from('<Q', m, at)[0]; key = bytes(m[at + 8:at + 8 + n]); at += 8 + n
+        kind = struct.unpack_from('<I', m, at)[0]
+        if key == b'general.alignment' and kind == 4: align = struct.unpack_from('<I', m, at + 4)[0]
+        at = skip(kind, at + 4)
+    tensors = []
+    for _ in range(n_tensors):
+        n = struct.unpack_from('<Q', m, at)[0]; name = bytes(m[at + 8:at + 8 + n]).decode(); at += 8 + n
+        dims = struct.unpack_from('<I', m, at)[0]
+        shape = struct.unpack_from(f'<{dims}Q', m, at + 4); kind, offset = struct.unpack_from('<IQ', m, at + 4 + 8 * dims)
+        tensors.append((name, shape, kind, offset)); at += 4 + 8 * dims + 4 + 8
+    return align, tensors, -(-at // align) * align                          # ... and where the data starts
+
+def gguf_tensors(path):
+    """`{name: (format, shape, data)}` of the GGUF file `path`'s tensors, read from its header alone (`_gguf_header`):
+    the format's name (gguf's `GGMLQuantizationType`), the shape as the model holds it (rows first), and the data as a
+    read-only memory map, as `gguf.GGUFReader` gives it: quantised rows as bytes [rows, row bytes], float tensors as numbers."""
     import gguf
-    r = gguf.GGUFReader(str(path))
-    return {t.name: (t.tensor_type.name, torch.from_numpy(np.array(t.data))) for t in r.tensors if t.tensor_type.name in GGUF_BLOCKS}
+    m = np.memmap(path, dtype=np.uint8, mode='r')
+    _, tensors, start = _gguf_header(m)
+    out = {}
+    for name, dims, kind, offset in tensors:
+        q = gguf.GGMLQuantizationType(kind); block, size = gguf.GGML_QUANT_SIZES[q]
+        shape = tuple(int(d) for d in reversed(dims)); n = math.prod(shape)
+        raw = m[start + offset:start + offset + n // block * size]
+        data = raw.view({'F32': np.float32, 'F16': np.float16}[q.name]).reshape(shape) if q.name in ('F32', 'F16') else raw.reshape(*shape[:-1], shape[-1] // block * size)
+        out[name] = (q.name, shape, data)
+    return out
 
 @torch.no_grad()
 def pack_gguf(model,        # a model of `PACK_FAMILIES` loaded from the GGUF file `path` (float32 weights, as transformers dequantises them)
@@ -307,9 +351,10 @@ def pack_gguf(model,        # a model of `PACK_FAMILIES` loaded from the GGUF fi
     "Replace the model's linear layers that `path` holds in a format here with `PackedLinear`s of the file's blocks, each checked against the model's weight first; `model`."
     _check_activations(activations, 'Q4_1')
     if not isinstance(model, PACK_FAMILIES): raise ValueError(f"pack_gguf packs {', '.join(f.__name__ for f in PACK_FAMILIES)} models, not a {type(model).__name__}")
-    tensors, c = _gguf_tensors(path), model.config
+    tensors, c = gguf_tensors(path), model.config
     kinds = {'Q4_1'} if activations == 'float32' else set(GGUF_BLOCKS)      # what the decoder layers' products may be in
     fmt_of = lambda i, k: tensors.get(f'blk.{i}.{k}.weight', ('',))[0]
+    blocks = lambda name: torch.from_numpy(np.array(tensors[name][2]))      # [N, K / n * bytes], copied out of the map
     fmts = {fmt_of(i, k) for i in range(len(model.model.layers)) for k in GGUF_LINEARS}
     layers = range(len(model.model.layers)) if fmts <= kinds else ()         # the decoder layers pack all or none: the lean forward stacks them alike
     layouts = product_layouts({(i, k): fmt_of(i, k) for i in layers for k in GGUF_LINEARS})
@@ -322,14 +367,14 @@ def pack_gguf(model,        # a model of `PACK_FAMILIES` loaded from the GGUF fi
         for k, name in GGUF_LINEARS.items():
             n, lin = f'blk.{i}.{k}.weight', model.model.layers[i].get_submodule(name)
             fmt, heads = tensors[n][0], {'attn_q': c.num_attention_heads, 'attn_k': c.num_key_value_heads}.get(k)
-            swaps[f'model.layers.{i}.{name}'] = PackedLinear(checked(n, fmt, tensors[n][1], lin.weight, heads).contiguous(), fmt, lin.bias,
+            swaps[f'model.layers.{i}.{name}'] = PackedLinear(checked(n, fmt, blocks(n), lin.weight, heads).contiguous(), fmt, lin.bias,
                                                              activations=activations, layout=layouts[i, k])
     head = model.get_output_embeddings()
     tied = 'output.weight' not in tensors and head.weight is model.get_input_embeddings().weight
     out = 'token_embd.weight' if tied else 'output.weight'
-    fmt, blocks = tensors.get(out, (None, None))
-    if head.bias is None and (fmt in FORMATS if activations == 'float32' else fmt in GGUF_BLOCKS and not blocks.shape[0] % 16):
-        swaps[next(n for n, m in model.named_modules() if m is head)] = PackedLinear(checked(out, fmt, blocks, head.weight).contiguous(), fmt, tied=tied, activations=activations)
+    fmt, shape, _ = tensors.get(out, (None, (0,), None))
+    if head.bias is None and output_packs(fmt, shape[0], activations):
+        swaps[next(n for n, m in model.named_modules() if m is head)] = PackedLinear(checked(out, fmt, blocks(out), head.weight).contiguous(), fmt, tied=tied, activations=activations)
     if not swaps: raise ValueError(f"{path} holds no layer in {', '.join(sorted(kinds))} (decoder layers pack when every layer's seven products are): nothing to pack")
     for name, p in swaps.items(): model.set_submodule(name, p)
     for i in layers:
@@ -362,7 +407,7 @@ def pack_q4_1(model,                # a float32 model of `LEAN_FAMILIES` whose l
             lin = layer.get_submodule(name)
             model.set_submodule(f'model.layers.{i}.{name}', PackedLinear(q4_1_blocks(lin.weight), 'Q4_1', lin.bias, activations=activations, layout=layout))
     head = model.get_output_embeddings()
-    if head.bias is None and not (activations == 'int8' and head.weight.shape[0] % 16):
+    if head.bias is None and output_packs('Q4_1', head.weight.shape[0], activations):
         model.set_submodule(next(n for n, m in model.named_modules() if m is head), PackedLinear(
             q4_1_blocks(head.weight), 'Q4_1', tied=head.weight is model.get_input_embeddings().weight, activations=activations, layout=layout))
     return model
@@ -393,8 +438,9 @@ class PackedPlan:
     sizes: tuple
     layers: list
     norm: nn.Module
-    kinds: set
     keep: list
+    @property
+    def kinds(self): return {k for l in self.layers for k in l[-1]}
 
 def packed_plan(model, weights):
     "The `PackedPlan` of `model` on its stacked weights (`LeanCache.weights`: per layer the q, k, v blocks stacked (with int8 activations their tiles), their bias, the gate and up blocks stacked), made once per cache; None unless `packed_stack(model)`."
@@ -410,8 +456,7 @@ def packed_plan(model, weights):
         layers.append((ln1, ln2, layer.input_layernorm.variance_epsilon, wqkv, bqkv, wo, wgu, wdown, att.scaling, kinds))
         keep += [t for t in ts if t is not None]
     d = getattr(c, 'head_dim', None) or c.hidden_size // c.num_attention_heads
-    return PackedPlan((c.hidden_size, c.num_attention_heads, c.num_key_value_heads, d, model.model.layers[0].mlp.down_proj.in_features), layers, model.model.norm,
-                      {k for l in layers for k in l[-1]}, keep)
+    return PackedPlan((c.hidden_size, c.num_attention_heads, c.num_key_value_heads, d, model.model.layers[0].mlp.down_proj.in_features), layers, model.model.norm, keep)
 
 @torch.no_grad()
 def packed_layers(plan,             # `packed_plan`'s
