@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file, load_file
 from .forward import DraftSession, keep_positions, input_device, stacked, rope_turn, fold_mask, grouped_attention
 from .small_linear import bf16_products, linear_product
-from .packed import PackedLinear
+from .packed import PackedLinear, int8_products
 from .static import host_copy
 
 
@@ -122,7 +122,7 @@ class FeatureHead(nn.Module):
 
     # what the engine and the forward timer ask of a draft model
     @property
-    def dtype(self): return self.fuse.weight.dtype
+    def dtype(self): return self.norm.weight.dtype                                # the activations' (a packed product has no float weight)
     @property
     def logits_size(self): return self.config.vocab_size
     def get_input_embeddings(self): return self._embed
@@ -248,7 +248,8 @@ def head_dir():
     return Path(__import__('dyspec_nb').__file__).parent / 'head_model'
 
 def save_head(head, folder, dtype=torch.float16):
-    "Save `head` as `folder/config.json` and `folder/model.safetensors` (its own weights in `dtype`, the vocabulary; not the target's rows)."
+    "Save `head` as `folder/config.json` and `folder/model.safetensors` (its own weights in `dtype`, the vocabulary; not the target's rows); a head with int8 products is refused (save the float32 one it was made from)."
+    if packed := _packed_products(head): raise ValueError(f"this head's {', '.join(packed)} have int8 products, which are made when loading: save the float32 head")
     folder = Path(folder); folder.mkdir(parents=True, exist_ok=True)
     sd = {k: (v.to(dtype) if v.is_floating_point() else v).contiguous() for k, v in head.state_dict().items() if not k.startswith('lm.')}
     save_file(sd, folder / 'model.safetensors')
@@ -260,11 +261,23 @@ def is_head_folder(folder):
     try: return json.loads((Path(folder) / 'config.json').read_text()).get('model_type') == HEAD_TYPE
     except (OSError, ValueError, AttributeError): return False
 
-HEAD_PRODUCTS = ('float32', 'bfloat16')
+HEAD_PRODUCTS = ('float32', 'bfloat16', 'int8')
+
+def _packed_products(head):
+    "The names of `head`'s products that are packed (`PackedLinear`: after `with_products(head, 'int8')`)."
+    return [n for n, m in head.named_modules() if isinstance(m, PackedLinear)]
 
 def with_products(head, products='float32'):
-    "`head` with `products` ('float32' as it is, 'bfloat16': `bf16_products`, in place); a ValueError for anything else."
+    """`head` with `products`, in place: 'float32' as it is, 'bfloat16' `bf16_products`, 'int8' a float32 head's weights in
+    Q8_0 blocks on int8 activations (`int8_products`, 06f), as a packed target's products run; a ValueError for anything
+    else, and for int8 where a product's shape does not tile (inputs a multiple of 32, outputs of 16; the output
+    layer may stay float32)."""
     if products not in HEAD_PRODUCTS: raise ValueError(f"products must be one of {HEAD_PRODUCTS}, got {products!r}")
+    if products == 'int8':
+        if head.dtype != torch.float32: raise ValueError(f"int8 products take a float32 head, this one is in {str(head.dtype)[6:]}")
+        bad = [n for n, m in head.named_modules() if type(m) is nn.Linear and n != 'lm' and (m.in_features % 32 or m.out_features % 16)]
+        if bad: raise ValueError(f"int8 products take inputs a multiple of 32 and outputs of 16; this head's {', '.join(bad)} are not")
+        return int8_products(head)
     return bf16_products(head) if products == 'bfloat16' else head
 
 def load_head(folder, target, dtype=torch.float32, products='float32'):
@@ -293,6 +306,7 @@ def load_head(folder, target, dtype=torch.float32, products='float32'):
 @torch.no_grad()
 def rebind_vocab(head, target, vocab_ids, products='float32'):
     "`head`'s decoder layer over another vocabulary: a new `FeatureHead` with the same weights and `products` (`with_products`), bound to `target` (its own, checked) with the output rows of `vocab_ids`."
+    if packed := _packed_products(head): raise ValueError(f"this head's {', '.join(packed)} have int8 products: rebind the float32 head, then give it int8 products")
     ids = torch.as_tensor(vocab_ids, dtype=torch.long).flatten()                               # [R']
     if ids.numel() == 0: raise ValueError("vocab_ids must hold at least one token id")
     out = FeatureHead(replace(head.config, draft_vocab_size=ids.numel()))

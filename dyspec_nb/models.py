@@ -7,9 +7,9 @@ __all__ = ['TARGET_GGUF', 'SHIPPED_DRAFTS', 'DEFAULT_DRAFT', 'SHIPPED_HEAD_PRODU
            'GGUF_FLOATS', 'cache_dir', 'unwritable', 'write_whole', 'package_file', 'smollm2_gguf', 'disk_full',
            'free_bytes', 'megabytes', 'no_space', 'DiskFull', 'spare_folders', 'write_or_keep', 'available_memory',
            'peak_memory', 'weight_count', 'TooLarge', 'check_memory', 'model_bytes', 'convert_gguf', 'load_target',
-           'plain_ids', 'chat_ids', 'placement', 'packs', 'load_default_pair', 'is_gguf', 'gguf_dest', 'load_gguf',
-           'damaged', 'load_local', 'load_local_target', 'tokenizer_mismatch', 'trained_heads', 'cached_head',
-           'keep_head', 'load_pair', 'tiny_llama', 'gguf_meta', 'load_gguf_packed', 'hf_generate']
+           'plain_ids', 'chat_ids', 'head_products', 'placement', 'packs', 'load_default_pair', 'is_gguf', 'gguf_dest',
+           'load_gguf', 'damaged', 'load_local', 'load_local_target', 'tokenizer_mismatch', 'trained_heads',
+           'cached_head', 'keep_head', 'load_pair', 'tiny_llama', 'gguf_meta', 'load_gguf_packed', 'hf_generate']
 
 # %% ../nbs/api/4-models/05_models.ipynb #d3553f6d
 import atexit, contextlib, copy, errno, fcntl, hashlib, json, math, re, stat, sys, threading, warnings, time, importlib.util, os, shutil, tempfile
@@ -24,7 +24,7 @@ from safetensors import SafetensorError
 from .draft import load_draft
 from .head import load_head, head_dir, is_head_folder, target_fingerprint
 from .small_linear import bf16_available
-from .packed import pack_gguf, packed_kernels, PackedLinear, PACK_FAMILIES, GGUF_LINEARS, GGUF_GROUPS, GGUF_BLOCKS, CODE_LAYOUTS, product_layouts, rope_rows, share_storage, gguf_tensors, output_packs
+from .packed import pack_gguf, packed_kernels, PackedLinear, PACK_FAMILIES, GGUF_LINEARS, GGUF_BLOCKS, CODE_LAYOUTS, product_layouts, layer_products, rotary_turned, gguf_tensors, output_packs
 
 # %% ../nbs/api/4-models/05_models.ipynb #a402c06e
 TARGET_GGUF = 'SmolLM2-135M-Instruct.Q4_1.gguf'
@@ -335,7 +335,11 @@ def chat_ids(tokenizer, messages, control_tokens=False):
 # %% ../nbs/api/4-models/05_models.ipynb #ae26b8f8
 SHIPPED_DRAFTS = ('head', 'token')    # the feature head (07c_head) and the token-level draft (07a_draft)
 DEFAULT_DRAFT = 'head'                # it beats the token draft on held-out MT-Bench (log/2026-11_feature_head)
-SHIPPED_HEAD_PRODUCTS = 'bfloat16' if bf16_available() else 'float32'   # the shipped head's products: bfloat16 where the kernel runs them
+SHIPPED_HEAD_PRODUCTS = 'bfloat16' if bf16_available() else 'float32'   # the shipped head's products beside a dense target: bfloat16 where the kernel runs them
+
+def head_products(target, dense='float32'):
+    "The products a head runs beside `target`: 'int8' where the target's own run on int8 activations (packed weights, 06f), as llama.cpp runs a model; else `dense`."
+    return 'int8' if any(isinstance(m, PackedLinear) and m.activations == 'int8' for m in target.modules()) else dense
 
 DTYPES = ('float32', 'bfloat16')      # what the pair runs in
 WEIGHTS = ('packed', 'dense')         # a GGUF target's weights: its file's blocks, multiplied by int8 activations in C++ as llama.cpp does (06f), or dequantised to the pair's dtype
@@ -423,8 +427,8 @@ def _cached_draft(name, packed=False):
     return d
 
 def _shipped_head(target):
-    "The shipped head bound to `target` (a ValueError unless it is the head's target), with `SHIPPED_HEAD_PRODUCTS`."
-    return load_head(head_dir(), target, products=SHIPPED_HEAD_PRODUCTS)
+    "The shipped head bound to `target` (a ValueError unless it is the head's target), with int8 products beside packed weights, else `SHIPPED_HEAD_PRODUCTS` (`head_products`)."
+    return load_head(head_dir(), target, products=head_products(target, SHIPPED_HEAD_PRODUCTS))
 
 def _why_not(name, e):
     "Why the model `name` cannot be loaded, in one line: what the folder lacks, or the error, its lines joined (a message cut at its first line can stop mid-sentence)."
@@ -538,7 +542,7 @@ def load_pair(target=None, draft=None, device=None, dtype=None, need_draft=True,
     else: t, tok = _packed_or_dense(target, dt, weights) if packed and is_gguf(target) else load_local_target(target, dt); t = t.to(dev)   # read in dt from the start
     ways = (f"give a draft that shares the target's tokenizer, or train a head for the target (dyspec train-draft{f' --target {target}' if target else ''} "
             "--out HEAD, which also keeps a copy in the cache that this target then takes as its draft)")
-    if draft is None and target is not None and (h := cached_head(t)) is not None: return t, load_head(h, t, dtype=dt).to(dev), tok
+    if draft is None and target is not None and (h := cached_head(t)) is not None: return t, load_head(h, t, dtype=dt, products=head_products(t)).to(dev), tok
     if draft is None or draft == 'token':                          # another target: the token draft, where it shares the vocabulary
         d = _cached_draft('token')
         if target is not None and t.config.vocab_size != d.config.vocab_size:
@@ -547,7 +551,7 @@ def load_pair(target=None, draft=None, device=None, dtype=None, need_draft=True,
                              f"tokens, this target has {t.config.vocab_size:,}, and the cache keeps no head trained for it; {ways}")
         d = _placed(d, dev, dt)
     elif draft == 'head': d = _shipped_head(t) if _is_default(dev, dt) else load_head(head_dir(), t, dtype=dt).to(dev)
-    elif is_head_folder(draft): d = load_head(draft, t, dtype=dt).to(dev)   # ... and for any head: made for this target?
+    elif is_head_folder(draft): d = load_head(draft, t, dtype=dt, products=head_products(t)).to(dev)   # ... and for any head: made for this target?
     else:
         d, dtok = load_gguf(draft, dt) if is_gguf(draft) else (load_local(draft, dt), _draft_tokenizer(draft))
         if dtok is not None and (why := tokenizer_mismatch(tok, dtok)):
@@ -593,29 +597,42 @@ def tiny_llama(vocab_size=16, hidden_size=32, layers=2, heads=4, kv_heads=2, see
 PACK_LOADS = {f.config_class.model_type: f for f in PACK_FAMILIES}   # the model types `load_gguf_packed` builds
 GGUF_FLOATS = {'attn_norm.weight': 'input_layernorm.weight', 'ffn_norm.weight': 'post_attention_layernorm.weight'}   # blk.{i}'s float tensors -> model.layers.{i}'s
 
+def _kept_meta(dest):
+    "`(config, tokenizer)` kept in the folder `dest`, or None where there is none or it cannot be read."
+    try: return AutoConfig.from_pretrained(dest), AutoTokenizer.from_pretrained(dest)
+    except Exception: return None
+
+def _file_meta(f):
+    "`(config, tokenizer)` read from the GGUF file `f`'s metadata (seconds for a large vocabulary)."
+    f, verbosity = Path(f), hf_logging.get_verbosity(); hf_logging.set_verbosity_error()
+    try: return AutoConfig.from_pretrained(f.parent, gguf_file=f.name), AutoTokenizer.from_pretrained(f.parent, gguf_file=f.name)
+    finally: hf_logging.set_verbosity(verbosity)
+
 def gguf_meta(f):
     """`(config, tokenizer)` of the GGUF file `f`, read from its metadata once and kept in the cache (`gguf_dest`'s
-    folder, named -meta), written whole; a copy that cannot be read is read from the file again and replaced, and a
-    cache that cannot be written is said in a warning."""
+    folder, named -meta), written whole by one process while a second waits for it (`_converting`) and then reads its
+    copy; a copy that cannot be read is read from the file again and replaced, and a cache that cannot be written is
+    said in a warning."""
     dest = gguf_dest(f).with_name(gguf_dest(f).name.removesuffix('-f32') + '-meta')
-    try: return AutoConfig.from_pretrained(dest), AutoTokenizer.from_pretrained(dest)
-    except Exception: pass                                              # none yet, or damaged: read the file
-    f = Path(f)
-    verbosity = hf_logging.get_verbosity(); hf_logging.set_verbosity_error()
-    try: config, tok = AutoConfig.from_pretrained(f.parent, gguf_file=f.name), AutoTokenizer.from_pretrained(f.parent, gguf_file=f.name)
-    finally: hf_logging.set_verbosity(verbosity)
-    tmp = None
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f'{dest.name}.tmp{os.getpid()}-'))
-        config.save_pretrained(tmp); tok.save_pretrained(tmp); _shared(tmp)
-        if dest.exists(): _remove(dest)
-        os.replace(tmp, dest)
-    except OSError as e:
-        warnings.warn(f"cannot keep the metadata of {f.name} in {dest.parent} ({e.strerror or e}): every load reads it from the file again", RuntimeWarning, stacklevel=2)
-    finally:
-        if tmp is not None: shutil.rmtree(tmp, ignore_errors=True)
-    return config, tok
+    if (kept := _kept_meta(dest)) is not None: return kept
+    with contextlib.ExitStack() as held:
+        try: held.enter_context(_converting(dest))
+        except OSError: pass                                            # no cache to lock: the write below warns
+        else:
+            if (kept := _kept_meta(dest)) is not None: return kept     # written by the process this one waited for
+        config, tok = _file_meta(f)
+        tmp = None
+        try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f'{dest.name}.tmp{os.getpid()}-'))
+            config.save_pretrained(tmp); tok.save_pretrained(tmp); _shared(tmp)
+            if dest.exists(): _remove(dest)
+            os.replace(tmp, dest)
+        except OSError as e:
+            warnings.warn(f"cannot keep the metadata of {Path(f).name} in {dest.parent} ({e.strerror or e}): every load reads it from the file again", RuntimeWarning, stacklevel=2)
+        finally:
+            if tmp is not None: shutil.rmtree(tmp, ignore_errors=True)
+        return config, tok
 
 @torch.no_grad()
 def load_gguf_packed(f):   # a GGUF file of a Llama, Qwen2 or Mistral model
@@ -645,16 +662,10 @@ def load_gguf_packed(f):   # a GGUF file of a Llama, Qwen2 or Mistral model
         fmt, shape, data = ts[name]
         return torch.from_numpy(np.array(gguf.quants.dequantize(data, gguf.GGMLQuantizationType[fmt]), dtype=np.float32)).reshape(shape)
     blocks = lambda name: torch.from_numpy(np.array(ts[name][2]))       # [N, K / n * bytes], copied out of the map
-    turned = {'attn_q': config.num_attention_heads, 'attn_k': config.num_key_value_heads} if config.model_type in ('llama', 'mistral') else {}
     with torch.device('meta'): model = family(config)
     for i, layer in enumerate(model.model.layers):
-        for k, name in GGUF_LINEARS.items():
-            b = blocks(f'blk.{i}.{k}.weight')
-            if k in turned: b = b[rope_rows(b.shape[0], turned[k])].contiguous()   # GGML's rotary order undone, as transformers does
-            bias = f'blk.{i}.{k}.bias'
-            layer.set_submodule(name, PackedLinear(b, fmts[i, k], nn.Parameter(floats(bias), requires_grad=False) if bias in ts else None,
-                                                   activations='int8', layout=layouts[i, k]))
-        for g in GGUF_GROUPS: share_storage([layer.get_submodule(GGUF_LINEARS[k]) for k in g])   # what the forward stacks, stacked once
+        bias = lambda k: nn.Parameter(floats(b), requires_grad=False) if (b := f'blk.{i}.{k}.bias') in ts else None
+        for name, p in layer_products(ts, i, layouts, rotary_turned(config), bias).items(): layer.set_submodule(name, p)
         for g, name in GGUF_FLOATS.items(): layer.get_submodule(name.rpartition('.')[0]).weight = nn.Parameter(floats(f'blk.{i}.{g}'), requires_grad=False)
     model.model.embed_tokens.weight = nn.Parameter(floats('token_embd.weight'), requires_grad=False)
     model.model.norm.weight = nn.Parameter(floats('output_norm.weight'), requires_grad=False)

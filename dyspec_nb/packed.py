@@ -6,9 +6,9 @@
 __all__ = ['PACK_FAMILIES', 'BLOCK', 'FORMATS', 'GGUF_BLOCKS', 'CODE_LAYOUTS', 'FORMAT_LAYOUT', 'ACTIVATIONS', 'GGUF_LINEARS',
            'GGUF_GROUPS', 'GGUF_SIZES', 'packed_kernels', 'dequantize', 'quantize_activations', 'repack_q4_1',
            'untile_q4_1', 'tiled_linear', 'packed_linear', 'gguf_codes', 'code_weights', 'tile_codes', 'untile_codes',
-           'PackedLinear', 'share_storage', 'product_layouts', 'output_packs', 'rope_rows', 'gguf_tensors', 'pack_gguf',
-           'packed_bytes', 'q4_1_blocks', 'pack_q4_1', 'packed_stack', 'packed_kind', 'PackedPlan', 'packed_plan',
-           'packed_layers']
+           'PackedLinear', 'share_storage', 'product_layouts', 'output_packs', 'rope_rows', 'rotary_turned',
+           'layer_products', 'gguf_tensors', 'pack_gguf', 'packed_bytes', 'q4_1_blocks', 'q8_0_blocks', 'pack_q4_1',
+           'int8_products', 'packed_stack', 'packed_kind', 'PackedPlan', 'packed_plan', 'packed_layers']
 
 # %% ../nbs/api/3-forward/06f_packed.ipynb #1c22fa35
 import functools, math, struct
@@ -299,6 +299,28 @@ def rope_rows(n_rows, heads):
     dim = n_rows // heads // 2
     return torch.arange(n_rows).reshape(heads, dim, 2).transpose(1, 2).reshape(n_rows)   # row (h, a, j) of the model is row (h, j, a) of the file
 
+def rotary_turned(config):
+    "`{GGUF name: heads}` of the products whose rows a GGUF file of this model keeps in GGML's rotary order (Llama's and Mistral's queries and keys), which transformers reorders (`rope_rows`) when it loads; {} for the others."
+    return {'attn_q': config.num_attention_heads, 'attn_k': config.num_key_value_heads} if config.model_type in ('llama', 'mistral') else {}
+
+def layer_products(tensors,          # `gguf_tensors`' {name: (format, shape, data)}
+                   i,                # the decoder layer
+                   layouts,          # `product_layouts`' {(layer, GGUF name): layout}
+                   turned,           # `rotary_turned(config)`
+                   bias,             # bias(GGUF name) -> FloatTensor[N] or None
+                   activations='int8',
+                   check=None):      # check(GGUF tensor name, format, blocks, module name): raises where the blocks are not what they should be
+    "`{module name: PackedLinear}` of decoder layer `i`'s seven products (`GGUF_LINEARS`), from the file's blocks, rows in the model's order, each stacked group in one tensor (`share_storage`)."
+    out = {}
+    for k, name in GGUF_LINEARS.items():
+        n = f'blk.{i}.{k}.weight'; fmt = tensors[n][0]
+        b = torch.from_numpy(np.array(tensors[n][2]))                        # [N, K / n * bytes], copied out of the map
+        if k in turned: b = b[rope_rows(b.shape[0], turned[k])]              # GGML's rotary order undone, as transformers does
+        if check is not None: check(n, fmt, b, name)
+        out[name] = PackedLinear(b.contiguous(), fmt, bias(k), activations=activations, layout=layouts[i, k])
+    for g in GGUF_GROUPS: share_storage([out[GGUF_LINEARS[k]] for k in g])   # what the forward stacks, stacked once
+    return out
+
 GGUF_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}   # bytes of each fixed-size GGUF value type
 
 def _gguf_header(m):         # the GGUF file's bytes (a memory map)
@@ -358,27 +380,24 @@ def pack_gguf(model,        # a model of `PACK_FAMILIES` loaded from the GGUF fi
     fmts = {fmt_of(i, k) for i in range(len(model.model.layers)) for k in GGUF_LINEARS}
     layers = range(len(model.model.layers)) if fmts <= kinds else ()         # the decoder layers pack all or none: the lean forward stacks them alike
     layouts = product_layouts({(i, k): fmt_of(i, k) for i in layers for k in GGUF_LINEARS})
-    def checked(name, fmt, blocks, w, heads=None):                         # the blocks, rows reordered where the model's are, or a ValueError
-        if torch.equal(dequantize(blocks, fmt), w): return blocks
-        if heads and torch.equal(dequantize(turned := blocks[rope_rows(blocks.shape[0], heads)], fmt), w): return turned
-        raise ValueError(f"{name} of {path} dequantised is not the model's weight it names: is the model loaded from this file?")
+    def checked(name, fmt, blocks, module):                                 # a ValueError unless the blocks dequantised are the model's weight
+        if not torch.equal(dequantize(blocks, fmt), model.get_submodule(module).weight):
+            raise ValueError(f"{name} of {path} dequantised is not the model's weight it names: is the model loaded from this file?")
     swaps = {}                                                              # module name -> PackedLinear: all checked, then made
     for i in layers:
-        for k, name in GGUF_LINEARS.items():
-            n, lin = f'blk.{i}.{k}.weight', model.model.layers[i].get_submodule(name)
-            fmt, heads = tensors[n][0], {'attn_q': c.num_attention_heads, 'attn_k': c.num_key_value_heads}.get(k)
-            swaps[f'model.layers.{i}.{name}'] = PackedLinear(checked(n, fmt, blocks(n), lin.weight, heads).contiguous(), fmt, lin.bias,
-                                                             activations=activations, layout=layouts[i, k])
+        at = f'model.layers.{i}.'
+        for name, p in layer_products(tensors, i, layouts, rotary_turned(c), lambda k: model.get_submodule(at + GGUF_LINEARS[k]).bias, activations,
+                                      lambda n, fmt, b, module: checked(n, fmt, b, at + module)).items(): swaps[at + name] = p
     head = model.get_output_embeddings()
     tied = 'output.weight' not in tensors and head.weight is model.get_input_embeddings().weight
     out = 'token_embd.weight' if tied else 'output.weight'
     fmt, shape, _ = tensors.get(out, (None, (0,), None))
     if head.bias is None and output_packs(fmt, shape[0], activations):
-        swaps[next(n for n, m in model.named_modules() if m is head)] = PackedLinear(checked(out, fmt, blocks(out), head.weight).contiguous(), fmt, tied=tied, activations=activations)
+        hname = next(n for n, m in model.named_modules() if m is head)
+        checked(out, fmt, b := blocks(out), hname)
+        swaps[hname] = PackedLinear(b, fmt, tied=tied, activations=activations)
     if not swaps: raise ValueError(f"{path} holds no layer in {', '.join(sorted(kinds))} (decoder layers pack when every layer's seven products are): nothing to pack")
     for name, p in swaps.items(): model.set_submodule(name, p)
-    for i in layers:
-        for g in GGUF_GROUPS: share_storage([model.model.layers[i].get_submodule(GGUF_LINEARS[k]) for k in g])
     return model
 
 def packed_bytes(model):
@@ -396,6 +415,15 @@ def q4_1_blocks(w):         # FloatTensor[N, K], K a multiple of 32
     q = ((b - m.float()) / d.float().clamp_min(torch.finfo(torch.float16).tiny)).round().clamp(0, 15).to(torch.uint8)   # [N, B, 32]
     return torch.cat([d.view(torch.uint8), m.view(torch.uint8), q[..., :16] | (q[..., 16:] << 4)], -1).reshape(w.shape[0], -1)
 
+def q8_0_blocks(w):         # FloatTensor[N, K], K a multiple of 32
+    "Q8_0 blocks of float weights as ggml's reference quantises them: per block of 32, d = max|w| / 127 (stored in float16), each weight q = w / d rounded half away from zero, q in -127..127: ByteTensor[N, K / 32 * 34]."
+    if w.dim() != 2 or w.shape[1] % BLOCK: raise ValueError(f"q8_0_blocks packs a weight [N, K] with K a multiple of {BLOCK}, got {tuple(w.shape)}")
+    b = w.detach().float().reshape(w.shape[0], -1, BLOCK)                    # [N, B, 32]
+    d = b.abs().amax(-1, keepdim=True) / 127                                 # [N, B, 1]: float32 here, float16 in the block
+    v = b * torch.where(d == 0, torch.zeros_like(d), 1 / d)
+    q = (v.sign() * (v.abs() + 0.5).floor()).to(torch.int8)                   # [N, B, 32]: roundf
+    return torch.cat([d.half().view(torch.uint8), q.view(torch.uint8)], -1).reshape(w.shape[0], -1)
+
 @torch.no_grad()
 def pack_q4_1(model,                # a float32 model of `LEAN_FAMILIES` whose layers have the seven products q, k, v, o, gate, up, down
               activations='int8',   # as `pack_gguf`'s
@@ -410,6 +438,16 @@ def pack_q4_1(model,                # a float32 model of `LEAN_FAMILIES` whose l
     if head.bias is None and output_packs('Q4_1', head.weight.shape[0], activations):
         model.set_submodule(next(n for n, m in model.named_modules() if m is head), PackedLinear(
             q4_1_blocks(head.weight), 'Q4_1', tied=head.weight is model.get_input_embeddings().weight, activations=activations, layout=layout))
+    return model
+
+@torch.no_grad()
+def int8_products(model):
+    """Give every float32 `nn.Linear` of `model` whose shape the int8 kernel takes (inputs a multiple of 32, outputs of
+    16) llama.cpp's arithmetic, in place: a `PackedLinear` of its weight in Q8_0 blocks (`q8_0_blocks`) on int8
+    activations, its bias kept. Each weight moves by half its block's step at most, and float16's rounding of d; `model`."""
+    for name, m in list(model.named_modules()):
+        if type(m) is nn.Linear and m.weight.dtype == torch.float32 and m.in_features % BLOCK == 0 and m.out_features % 16 == 0:
+            model.set_submodule(name, PackedLinear(q8_0_blocks(m.weight), 'Q8_0', None if m.bias is None else m.bias.detach(), activations='int8'))
     return model
 
 # %% ../nbs/api/3-forward/06f_packed.ipynb #91ddd132
