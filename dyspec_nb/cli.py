@@ -80,8 +80,8 @@ def generate_text(dec, tokenizer, messages, max_new_tokens=128, temperature=0.0,
         bases = speedup_baselines(dec.target, ids, max_new_tokens, temperature, 0 if seed is None else seed,
                                   **(dict(top_p=top_p, top_k=top_k) if temperature > 0 else {}))
         base = bases['target.generate']
-        from dyspec_nb.packed import PackedLinear
-        on = ' on the packed weights' if any(isinstance(m, PackedLinear) for m in dec.target.modules()) else ''   # transformers' loop, calling the int8 kernels per product
+        from dyspec_nb.packed import packed_activations
+        on = ' on the packed weights' if packed_activations(dec.target) else ''   # transformers' loop, calling the int8 kernels per product
         line += ''.join(f"; {k}{on} {1e3 * b:.1f} ms/token: speedup {b / s.seconds_per_token:.2f}x" for k, b in bases.items())
     print(line, file=err)
     return text, s, base

@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file, load_file
 from .forward import DraftSession, keep_positions, input_device, stacked, rope_turn, fold_mask, grouped_attention
 from .small_linear import bf16_products, linear_product
-from .packed import PackedLinear, int8_products
+from .packed import PackedLinear, int8_products, int8_fits
 from .static import host_copy
 
 
@@ -275,7 +275,7 @@ def with_products(head, products='float32'):
     if products not in HEAD_PRODUCTS: raise ValueError(f"products must be one of {HEAD_PRODUCTS}, got {products!r}")
     if products == 'int8':
         if head.dtype != torch.float32: raise ValueError(f"int8 products take a float32 head, this one is in {str(head.dtype)[6:]}")
-        bad = [n for n, m in head.named_modules() if type(m) is nn.Linear and n != 'lm' and (m.in_features % 32 or m.out_features % 16)]
+        bad = [n for n, m in head.named_modules() if type(m) is nn.Linear and n != 'lm' and not int8_fits(m)]
         if bad: raise ValueError(f"int8 products take inputs a multiple of 32 and outputs of 16; this head's {', '.join(bad)} are not")
         return int8_products(head)
     return bf16_products(head) if products == 'bfloat16' else head

@@ -24,7 +24,7 @@ from safetensors import SafetensorError
 from .draft import load_draft
 from .head import load_head, head_dir, is_head_folder, target_fingerprint
 from .small_linear import bf16_available
-from .packed import pack_gguf, packed_kernels, PackedLinear, PACK_FAMILIES, GGUF_LINEARS, GGUF_BLOCKS, CODE_LAYOUTS, product_layouts, layer_products, rotary_turned, gguf_tensors, output_packs
+from .packed import pack_gguf, packed_kernels, packed_activations, PackedLinear, PACK_FAMILIES, GGUF_LINEARS, GGUF_BLOCKS, CODE_LAYOUTS, product_layouts, layer_products, rotary_turned, file_blocks, gguf_tensors, output_packs
 
 # %% ../nbs/api/4-models/05_models.ipynb #a402c06e
 TARGET_GGUF = 'SmolLM2-135M-Instruct.Q4_1.gguf'
@@ -339,7 +339,7 @@ SHIPPED_HEAD_PRODUCTS = 'bfloat16' if bf16_available() else 'float32'   # the sh
 
 def head_products(target, dense='float32'):
     "The products a head runs beside `target`: 'int8' where the target's own run on int8 activations (packed weights, 06f), as llama.cpp runs a model; else `dense`."
-    return 'int8' if any(isinstance(m, PackedLinear) and m.activations == 'int8' for m in target.modules()) else dense
+    return 'int8' if packed_activations(target) == 'int8' else dense
 
 DTYPES = ('float32', 'bfloat16')      # what the pair runs in
 WEIGHTS = ('packed', 'dense')         # a GGUF target's weights: its file's blocks, multiplied by int8 activations in C++ as llama.cpp does (06f), or dequantised to the pair's dtype
@@ -661,7 +661,6 @@ def load_gguf_packed(f):   # a GGUF file of a Llama, Qwen2 or Mistral model
     def floats(name):                                                   # a tensor of the file, dequantised: [rows, columns] as the model holds it
         fmt, shape, data = ts[name]
         return torch.from_numpy(np.array(gguf.quants.dequantize(data, gguf.GGMLQuantizationType[fmt]), dtype=np.float32)).reshape(shape)
-    blocks = lambda name: torch.from_numpy(np.array(ts[name][2]))       # [N, K / n * bytes], copied out of the map
     with torch.device('meta'): model = family(config)
     for i, layer in enumerate(model.model.layers):
         bias = lambda k: nn.Parameter(floats(b), requires_grad=False) if (b := f'blk.{i}.{k}.bias') in ts else None
@@ -669,7 +668,7 @@ def load_gguf_packed(f):   # a GGUF file of a Llama, Qwen2 or Mistral model
         for g, name in GGUF_FLOATS.items(): layer.get_submodule(name.rpartition('.')[0]).weight = nn.Parameter(floats(f'blk.{i}.{g}'), requires_grad=False)
     model.model.embed_tokens.weight = nn.Parameter(floats('token_embd.weight'), requires_grad=False)
     model.model.norm.weight = nn.Parameter(floats('output_norm.weight'), requires_grad=False)
-    if pack_out: model.lm_head = PackedLinear(blocks(out), fo, tied=out == 'token_embd.weight', activations='int8')
+    if pack_out: model.lm_head = PackedLinear(file_blocks(ts, out), fo, tied=out == 'token_embd.weight', activations='int8')
     else: model.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False); model.lm_head.weight = nn.Parameter(floats(out), requires_grad=False)
     model.model.rotary_emb = type(model.model.rotary_emb)(config=config)  # its tables, computed on the CPU
     if left := [n for n, p in [*model.named_parameters(), *model.named_buffers()] if p.is_meta]:

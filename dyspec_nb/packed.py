@@ -7,8 +7,9 @@ __all__ = ['PACK_FAMILIES', 'BLOCK', 'FORMATS', 'GGUF_BLOCKS', 'CODE_LAYOUTS', '
            'GGUF_GROUPS', 'GGUF_SIZES', 'packed_kernels', 'dequantize', 'quantize_activations', 'repack_q4_1',
            'untile_q4_1', 'tiled_linear', 'packed_linear', 'gguf_codes', 'code_weights', 'tile_codes', 'untile_codes',
            'PackedLinear', 'share_storage', 'product_layouts', 'output_packs', 'rope_rows', 'rotary_turned',
-           'layer_products', 'gguf_tensors', 'pack_gguf', 'packed_bytes', 'q4_1_blocks', 'q8_0_blocks', 'pack_q4_1',
-           'int8_products', 'packed_stack', 'packed_kind', 'PackedPlan', 'packed_plan', 'packed_layers']
+           'layer_products', 'gguf_tensors', 'file_blocks', 'pack_gguf', 'packed_bytes', 'q4_1_blocks', 'q8_0_blocks',
+           'pack_q4_1', 'int8_fits', 'packed_activations', 'int8_products', 'packed_stack', 'packed_kind', 'PackedPlan',
+           'packed_plan', 'packed_layers']
 
 # %% ../nbs/api/3-forward/06f_packed.ipynb #1c22fa35
 import functools, math, struct
@@ -314,7 +315,7 @@ def layer_products(tensors,          # `gguf_tensors`' {name: (format, shape, da
     out = {}
     for k, name in GGUF_LINEARS.items():
         n = f'blk.{i}.{k}.weight'; fmt = tensors[n][0]
-        b = torch.from_numpy(np.array(tensors[n][2]))                        # [N, K / n * bytes], copied out of the map
+        b = file_blocks(tensors, n)                                          # [N, K / n * bytes]
         if k in turned: b = b[rope_rows(b.shape[0], turned[k])]              # GGML's rotary order undone, as transformers does
         if check is not None: check(n, fmt, b, name)
         out[name] = PackedLinear(b.contiguous(), fmt, bias(k), activations=activations, layout=layouts[i, k])
@@ -366,6 +367,10 @@ def gguf_tensors(path):
         out[name] = (q.name, shape, data)
     return out
 
+def file_blocks(tensors, name):
+    "ByteTensor[N, K / n * bytes]: the rows of blocks of the tensor `name` of `gguf_tensors`' map, copied out of the file."
+    return torch.from_numpy(np.array(tensors[name][2]))
+
 @torch.no_grad()
 def pack_gguf(model,        # a model of `PACK_FAMILIES` loaded from the GGUF file `path` (float32 weights, as transformers dequantises them)
               path,         # the GGUF file
@@ -376,7 +381,6 @@ def pack_gguf(model,        # a model of `PACK_FAMILIES` loaded from the GGUF fi
     tensors, c = gguf_tensors(path), model.config
     kinds = {'Q4_1'} if activations == 'float32' else set(GGUF_BLOCKS)      # what the decoder layers' products may be in
     fmt_of = lambda i, k: tensors.get(f'blk.{i}.{k}.weight', ('',))[0]
-    blocks = lambda name: torch.from_numpy(np.array(tensors[name][2]))      # [N, K / n * bytes], copied out of the map
     fmts = {fmt_of(i, k) for i in range(len(model.model.layers)) for k in GGUF_LINEARS}
     layers = range(len(model.model.layers)) if fmts <= kinds else ()         # the decoder layers pack all or none: the lean forward stacks them alike
     layouts = product_layouts({(i, k): fmt_of(i, k) for i in layers for k in GGUF_LINEARS})
@@ -394,7 +398,7 @@ def pack_gguf(model,        # a model of `PACK_FAMILIES` loaded from the GGUF fi
     fmt, shape, _ = tensors.get(out, (None, (0,), None))
     if head.bias is None and output_packs(fmt, shape[0], activations):
         hname = next(n for n, m in model.named_modules() if m is head)
-        checked(out, fmt, b := blocks(out), hname)
+        checked(out, fmt, b := file_blocks(tensors, out), hname)
         swaps[hname] = PackedLinear(b, fmt, tied=tied, activations=activations)
     if not swaps: raise ValueError(f"{path} holds no layer in {', '.join(sorted(kinds))} (decoder layers pack when every layer's seven products are): nothing to pack")
     for name, p in swaps.items(): model.set_submodule(name, p)
@@ -440,13 +444,21 @@ def pack_q4_1(model,                # a float32 model of `LEAN_FAMILIES` whose l
             q4_1_blocks(head.weight), 'Q4_1', tied=head.weight is model.get_input_embeddings().weight, activations=activations, layout=layout))
     return model
 
+def int8_fits(m):
+    "Whether the int8 kernel takes a linear layer of `m`'s shape: inputs a multiple of 32, outputs of 16 (its tiles)."
+    return m.in_features % BLOCK == 0 and m.out_features % 16 == 0
+
+def packed_activations(model):
+    "What `model`'s packed products (`PackedLinear`) multiply by, 'int8' or 'float32' (the first one's), or None where none is packed."
+    return next((m.activations for m in model.modules() if isinstance(m, PackedLinear)), None)
+
 @torch.no_grad()
 def int8_products(model):
     """Give every float32 `nn.Linear` of `model` whose shape the int8 kernel takes (inputs a multiple of 32, outputs of
     16) llama.cpp's arithmetic, in place: a `PackedLinear` of its weight in Q8_0 blocks (`q8_0_blocks`) on int8
     activations, its bias kept. Each weight moves by half its block's step at most, and float16's rounding of d; `model`."""
     for name, m in list(model.named_modules()):
-        if type(m) is nn.Linear and m.weight.dtype == torch.float32 and m.in_features % BLOCK == 0 and m.out_features % 16 == 0:
+        if type(m) is nn.Linear and m.weight.dtype == torch.float32 and int8_fits(m):
             model.set_submodule(name, PackedLinear(q8_0_blocks(m.weight), 'Q8_0', None if m.bias is None else m.bias.detach(), activations='int8'))
     return model
 
