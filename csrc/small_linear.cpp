@@ -398,6 +398,11 @@ __attribute__((target("avx512f,avx512vl,avx512bw,fma"))) static inline void quan
 // and do not depend on the number of rows.
 constexpr i64 TILE = 16;
 constexpr i64 TILE_BLOCK = 320;   // bytes of one block of a tile
+// A tile's loop asks for the weights of the block `tile_ahead` blocks on (8: 2.5-6 KB ahead) while it computes this one
+// (prefetch hints, no arithmetic changes; past a thread's last tile they fetch what the next thread reads, and an
+// address past the matrix is harmless). Without them the CPU's own prefetchers left these kernels waiting on memory at
+// every row count, one row included (results/tile_prefetch.json).
+static int tile_ahead = 8;        // 0: no hints; set_tile_ahead
 
 struct Q8Natural {                        // x quantised per block of 32, in x's own order
     std::vector<std::int8_t> q;           // [n, K]
@@ -422,6 +427,7 @@ __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni,fma,f16c"))) static 
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     for (i64 b = 0; b < B; ++b) {
         const std::uint8_t* p = wt + b * TILE_BLOCK;
+        if (tile_ahead) for (i64 o = 0; o < TILE_BLOCK; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + tile_ahead * TILE_BLOCK + o), _MM_HINT_T0);
         __m512i lo[4], hi[4];
         for (int j = 0; j < 4; ++j) {
             const __m512i v = _mm512_loadu_si512(p + 64 * j);
@@ -467,13 +473,21 @@ static void tile16_scalar(const std::uint8_t* wt, i64 B, const Q8Natural& x, i64
     }
 }
 
-// f(RB, r0) over n rows in blocks of RB = 8, then 4, 2 and 1 rows (RB a std::integral_constant, for the kernels' templates)
+// f(RB, r0) over n rows in blocks of RB = 8, then the rest in one block of its own size (RB a std::integral_constant, for
+// the kernels' templates): each block unpacks a tile's weights once, so 3 rows unpack them once, not twice (2 + 1)
 template <class F> static inline void by_rows(i64 n, F f) {
     i64 r = 0;
     for (; r + 8 <= n; r += 8) f(std::integral_constant<int, 8>{}, r);
-    if (n - r >= 4) { f(std::integral_constant<int, 4>{}, r); r += 4; }
-    if (n - r >= 2) { f(std::integral_constant<int, 2>{}, r); r += 2; }
-    if (n - r >= 1) f(std::integral_constant<int, 1>{}, r);
+    switch (n - r) {
+        case 7: f(std::integral_constant<int, 7>{}, r); break;
+        case 6: f(std::integral_constant<int, 6>{}, r); break;
+        case 5: f(std::integral_constant<int, 5>{}, r); break;
+        case 4: f(std::integral_constant<int, 4>{}, r); break;
+        case 3: f(std::integral_constant<int, 3>{}, r); break;
+        case 2: f(std::integral_constant<int, 2>{}, r); break;
+        case 1: f(std::integral_constant<int, 1>{}, r); break;
+        default: break;
+    }
 }
 
 // y[n, N] = q8(x)[n, K] @ W^T, W tiled by `repack_q4_1` (wt), x already quantised
@@ -524,6 +538,7 @@ __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni,fma"))) static inlin
                                           12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0, 12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0);
     for (i64 b = 0; b < B; ++b) {
         const std::uint8_t* p = wt + b * BYTES;
+        if (tile_ahead) for (i64 o = 0; o < BYTES; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + tile_ahead * BYTES + o), _MM_HINT_T0);
         __m512i c[8];
         if constexpr (L == C8 || L == C8H) { for (int j = 0; j < 8; ++j) c[j] = _mm512_loadu_si512(p + 64 * j); }
         else {
@@ -845,6 +860,10 @@ PYBIND11_MODULE(_linear, m) {
         if (blocks < 0 || blocks > 64) throw std::invalid_argument("small_linear: ahead must be 0..64 blocks, got " + std::to_string(blocks));
         ahead = blocks; }, "fetch the weight rows this many blocks of output columns ahead (0: no prefetch hints)", py::arg("blocks"));
     m.def("get_ahead", [] { return ahead; }, "how many blocks ahead the kernel fetches weight rows");
+    m.def("set_tile_ahead", [](int blocks) {
+        if (blocks < 0 || blocks > 64) throw std::invalid_argument("small_linear: tile_ahead must be 0..64 blocks, got " + std::to_string(blocks));
+        tile_ahead = blocks; }, "fetch a tile's weights this many blocks of 32 inputs ahead in the int8 kernels (0: no prefetch hints)", py::arg("blocks"));
+    m.def("get_tile_ahead", [] { return tile_ahead; }, "how many blocks ahead the int8 kernels fetch a tile's weights");
     m.def("has_bf16", &has_bf16, "whether this CPU runs linear_bf16 (AVX-512 BF16)");
     m.def("path", &path_name, "the path `linear` runs at this `limit` on this CPU: 'avx512vl', 'avx2' or 'scalar'", py::arg("limit") = 2);
 }
