@@ -717,6 +717,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
             'dyspec_nb.step': { 'dyspec_nb.step.DeviceTree': ('api/5-step/step.html#devicetree', 'dyspec_nb/step.py'),
                                 'dyspec_nb.step.DeviceTree.ancestor_mask': ( 'api/5-step/step.html#devicetree.ancestor_mask',
                                                                              'dyspec_nb/step.py'),
+                                'dyspec_nb.step.DeviceTree.draft_rows': ('api/5-step/step.html#devicetree.draft_rows', 'dyspec_nb/step.py'),
                                 'dyspec_nb.step.DeviceTree.to_host': ('api/5-step/step.html#devicetree.to_host', 'dyspec_nb/step.py'),
                                 'dyspec_nb.step.PhaseClock': ('api/5-step/step.html#phaseclock', 'dyspec_nb/step.py'),
                                 'dyspec_nb.step.PhaseClock.__init__': ('api/5-step/step.html#phaseclock.__init__', 'dyspec_nb/step.py'),

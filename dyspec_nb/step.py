@@ -41,17 +41,23 @@ class DeviceTree:
     parents: torch.Tensor   # LongTensor[N]: -1 at the root and at the padding
     valid: torch.Tensor     # BoolTensor[N]: a node (True) or padding
     values: torch.Tensor    # FloatTensor[N]: each node's estimated value (the probability the draft gives its path)
-    q: torch.Tensor         # FloatTensor[N, V]: each expanded node's draft row (zeros for the others)
+    q: torch.Tensor         # FloatTensor[N, R]: each expanded node's draft row over the tokens `ids` (zeros for the others)
     mode: int               # how every node's children were drawn: WITHOUT_REPLACEMENT, WITH_REPLACEMENT or DETERMINISTIC
     anc: torch.Tensor = field(default=None, repr=False)   # BoolTensor[N, N]: `ancestors(parents)`, made once by `ancestor_mask`
+    ids: torch.Tensor = None   # LongTensor[R]: the token of each of q's columns (a head's reduced vocabulary); None: q's columns are the vocabulary (R = V)
+    vocab: int = None          # V, where `ids` is given
     def ancestor_mask(self):
         "BoolTensor[N, N]: the tree's ancestor mask (`ancestors`), made on first use and kept: the step's attention mask, its depths and the verifier read the same one."
         if self.anc is None: self.anc = ancestors(self.parents)
         return self.anc
+    def draft_rows(self):
+        "FloatTensor[N, V]: q over the whole vocabulary, zero outside `ids` (what the sampled verifier and a trace read)."
+        if self.ids is None: return self.q
+        return self.q.new_zeros(self.q.shape[0], self.vocab).index_copy_(1, self.ids, self.q)
     def to_host(self):
         "`(TokenTree, q [n, V])` of the nodes (a host read: for tests and traces)."
         k = int(self.valid.sum())
-        return TokenTree(self.tokens[:k].cpu(), self.parents[:k].cpu(), self.mode, self.values[:k].cpu()), self.q[:k].cpu()
+        return TokenTree(self.tokens[:k].cpu(), self.parents[:k].cpu(), self.mode, self.values[:k].cpu()), self.draft_rows()[:k].cpu()
 
 # %% ../nbs/api/5-step/07e_step.ipynb #17554674
 DRAW_SUPPORT = 64   # random draws without replacement take each draft row's 64 most probable tokens (at least K), the row renormalised over them
@@ -87,13 +93,16 @@ def frontier_tree(root_token, expand, N, W, K, D, *,
                   noise=None,          # FloatTensor[D, W, V]: Gumbel noise, for sampled draws (None: each row's top tokens)
                   layer_only=False,    # expand only the newest layer's best (EAGLE-2), not the best open nodes of any depth
                   threshold=0.0,       # leave out every slot whose estimated value is below this (Algorithm 2)
-                  delta=None):         # no call after one that raised the best N - 1 values' sum by less than this (OPT-Tree's rule); None: all D calls
+                  delta=None,          # no call after one that raised the best N - 1 values' sum by less than this (OPT-Tree's rule); None: all D calls
+                  ids=None,            # LongTensor[R]: the token of each column of the draft's rows (a head's reduced vocabulary); None: the vocabulary
+                  vocab=None):         # V, where `ids` is given
     """A `DeviceTree` of at most `N` nodes (the root included), grown in `D` draft calls of at most `W` nodes each, `K`
     children per call: each call expands the `W` best open nodes by value; the tree is the `N - 1` best candidates by
     the value of the slot that drew them, ties to the shallower, then the earlier. A call's idle rows (fewer than `W`
     open nodes) name the pool's last entry, a scratch candidate that never exists; so do all of a call's rows once `delta`
-    has stopped the growth. `expand(pool, slots, t)` returns the draft's rows FloatTensor[len(slots), V] (probabilities)
-    of the pool's candidates `slots` at call t (the root's at t = 0)."""
+    has stopped the growth. `expand(pool, slots, t)` returns the draft's rows FloatTensor[len(slots), R] (probabilities)
+    of the pool's candidates `slots` at call t (the root's at t = 0), over the tokens `ids` (R of the V; default all V):
+    the children are drawn among those R columns, and only then named by their token ids."""
     dev = root_token.device if isinstance(root_token, torch.Tensor) else torch.device('cpu')
     mode = DETERMINISTIC if noise is None else WITHOUT_REPLACEMENT
     M = pool_size(W, K, D)                                                           # candidates: the root, then K per expanded node
@@ -102,7 +111,7 @@ def frontier_tree(root_token, expand, N, W, K, D, *,
     val, key, exists, opened = z(torch.float32), torch.full((M + 1,), -math.inf, device=dev), z(torch.bool), z(torch.bool)
     anc = torch.zeros(M + 1, M + 1, dtype=torch.bool, device=dev)                    # [M + 1, M + 1]: each candidate's ancestors and itself
     tok[0] = root_token; val[0].fill_(1.0); exists[0].fill_(True); anc[0, 0].fill_(True)   # fill_: a Python number copied in is a host copy, refused in a CUDA graph
-    rows_all = None                                                                  # [1 + (D - 1) W, V]: the rows of every call
+    rows_all = None                                                                  # [1 + (D - 1) W, R]: the rows of every call
     grow, e_prev = torch.ones(1, dtype=torch.bool, device=dev), torch.zeros(1, dtype=torch.float64, device=dev)   # [1] each: delta's rule
     for t in range(D):
         if t == 0: slots, live = torch.zeros(1, dtype=torch.long, device=dev), torch.ones(1, dtype=torch.bool, device=dev)
@@ -112,7 +121,7 @@ def frontier_tree(root_token, expand, N, W, K, D, *,
             live = can[slots]                                                        # [W]: fewer than W open: the rest are idle,
             slots = torch.where(live, slots, M)                                      # and point at the scratch candidate
         pool = dict(tokens=tok, parents=par, depth=dep, ancestors=anc, valid=exists)
-        rows = expand(pool, slots, t).float()                                           # [w, V]
+        rows = expand(pool, slots, t).float()                                           # [w, R]
         w, V = rows.shape
         if K > V: raise ValueError(f"K = {K} children per node, but the draft's rows hold {V} tokens")
         if rows_all is None: rows_all = torch.zeros(1 + (D - 1) * W, V, device=dev)
@@ -131,7 +140,7 @@ def frontier_tree(root_token, expand, N, W, K, D, *,
         c0 = 1 if t == 0 else 1 + K + (t - 1) * W * K
         idx = torch.arange(c0, c0 + w * K, device=dev)                               # [w K]: the new candidates
         pi = slots[:, None].expand(w, K).reshape(-1)                                 # [w K]: each new candidate's parent
-        tok[idx], par[idx], dep[idx] = y.flatten(), pi, dep[pi] + 1; layer.index_fill_(0, idx, t + 1)
+        tok[idx], par[idx], dep[idx] = y.flatten() if ids is None else ids[y.flatten()], pi, dep[pi] + 1; layer.index_fill_(0, idx, t + 1)
         val[idx], key[idx], exists[idx] = v.flatten(), score.flatten(), ok.flatten()
         anc[idx] = anc[pi]; anc[idx, idx] = torch.ones_like(idx, dtype=torch.bool)
         if delta is not None:                                                        # E: the best N - 1 values' sum, OPT-Tree's estimate
@@ -141,19 +150,19 @@ def frontier_tree(root_token, expand, N, W, K, D, *,
     take = rank_order(fkey, dep)[:N - 1]                                             # [N - 1]
     chosen = torch.zeros(M + 1, dtype=torch.bool, device=dev)
     chosen[take] = exists[take]; chosen[0].fill_(True)
-    return pack_tree(tok, par, chosen, val, rows_all, rowof, N, mode)
+    return pack_tree(tok, par, chosen, val, rows_all, rowof, N, mode, ids, vocab)
 
-def pack_tree(tok, par, chosen, val, rows_all, rowof, N, mode):
+def pack_tree(tok, par, chosen, val, rows_all, rowof, N, mode, ids=None, vocab=None):
     """The `DeviceTree` of N slots holding a pool's `chosen` candidates in pool order (parents before children), padding
-    after: tok, par, val [P] (par: pool indices, -1 at the root), chosen BoolTensor[P], rows_all [R, V] with rowof [P]
-    (the row of each expanded candidate, -1 for the others)."""
+    after: tok, par, val [P] (par: pool indices, -1 at the root), chosen BoolTensor[P], rows_all [rows, R] with rowof [P]
+    (the row of each expanded candidate, -1 for the others), over the tokens `ids` (None: the vocabulary) of V = `vocab`."""
     new = chosen.long().cumsum(0) - 1                                                # [P]: each chosen candidate's tree index
     src = torch.sort((~chosen).to(torch.int8), stable=True).indices[:N]              # [N]: the chosen in pool order, then others
     valid = chosen[src]
     ps = par[src]
     parents = torch.where(valid & (ps >= 0), new[ps.clamp(min=0)], -1)
-    q = torch.where((valid & (rowof[src] >= 0))[:, None], rows_all[rowof[src].clamp(min=0)], 0.0)   # [N, V]
-    return DeviceTree(torch.where(valid, tok[src], tok[0]), parents, valid, torch.where(valid, val[src], 0.0), q, mode)
+    q = torch.where((valid & (rowof[src] >= 0))[:, None], rows_all[rowof[src].clamp(min=0)], 0.0)   # [N, R]
+    return DeviceTree(torch.where(valid, tok[src], tok[0]), parents, valid, torch.where(valid, val[src], 0.0), q, mode, ids=ids, vocab=vocab)
 
 # %% ../nbs/api/5-step/07e_step.ipynb #25b3c0c4
 def fixed_shape(method, budget, vocab, k=None, depth=None, acceptance=None, max_depth=None):
@@ -189,12 +198,12 @@ def shape_frame(parents, N, device='cpu'):
     anc = ancestors(par)
     return dict(parents=par, depth=anc.sum(1) - 1, ancestors=anc, levels=levels, K=K, W=max(len(s) for s, _ in levels) if levels else 1, D=len(levels), N=N)
 
-def shape_tree(root_token, expand, frame, mode, noise=None):
+def shape_tree(root_token, expand, frame, mode, noise=None, ids=None, vocab=None):
     """A `DeviceTree` of the fixed shape `frame` (`shape_frame`), filled level by level: one `expand(pool, slots, t)` call
     per depth (as `frontier_tree`'s) for that depth's nodes with children, each node's c children its row's top c tokens
     (`mode` DETERMINISTIC), an ordered sample without replacement (WITHOUT_REPLACEMENT, `noise` the Gumbel noise
     FloatTensor[D, W, V]) or c independent draws (WITH_REPLACEMENT, `noise` uniforms FloatTensor[D, W, K]). A child of
-    probability 0 is left out with its subtree."""
+    probability 0 is left out with its subtree. The rows may be over R tokens `ids` of the V = `vocab` (`frontier_tree`'s)."""
     N, K = frame['N'], frame['K']
     dev = frame['parents'].device
     tok = torch.zeros(N + 1, dtype=torch.long, device=dev); tok[0] = root_token      # [N + 1]
@@ -204,15 +213,15 @@ def shape_tree(root_token, expand, frame, mode, noise=None):
     rows_list, r0 = [], 0
     for t, (slots, kids) in enumerate(frame['levels']):
         pool = dict(tokens=tok, parents=frame['parents'], depth=frame['depth'], ancestors=frame['ancestors'], valid=valid)
-        rows = expand(pool, slots, t).float()                                       # [w, V]
+        rows = expand(pool, slots, t).float()                                       # [w, R]
         w = rows.shape[0]
         p, y = draw_children(rows, K, mode, None if noise is None else noise[t, :w])   # [w, K]
         c = kids.flatten()                                                           # [w K]: the children (the scratch N past a node's last)
-        tok[c], val[c] = y.flatten(), (val[slots][:, None] * p).flatten()
+        tok[c], val[c] = y.flatten() if ids is None else ids[y.flatten()], (val[slots][:, None] * p).flatten()
         valid[c] = (valid[slots][:, None] & (p > 0)).flatten(); valid[N].fill_(False)
         rowof[slots] = torch.arange(r0, r0 + w, device=dev); rows_list.append(rows); r0 += w
     rows_all = torch.cat(rows_list) if rows_list else torch.zeros(1, 1, device=dev)
-    return pack_tree(tok, frame['parents'], valid, val, rows_all, rowof, N, mode)
+    return pack_tree(tok, frame['parents'], valid, val, rows_all, rowof, N, mode, ids, vocab)
 
 # %% ../nbs/api/5-step/07e_step.ipynb #a71c2ef8
 def sibling_rank(tree):
@@ -258,7 +267,7 @@ def sample_verify(tree, p, u, K, D):
     depth = tree.ancestor_mask().sum(1) - 1                                          # [N]
     uc = u[((depth - 1).clamp(0, D - 1) * K + sibling_rank(tree).clamp(max=K - 1))]  # [N]: each child's uniform
     at = j[None, :] == depth[:, None]                                                # [N, D + 1]: each node's place on a path
-    P, Qs = p.double(), tree.q.double()                                              # [N, V] each
+    P, Qs = p.double(), tree.draft_rows().double()                                   # [N, V] each
     R, Q = _norm(P[0]), Qs[0]                                                        # [V] each: the residual and the draft row at the current node
     node = torch.zeros(1, dtype=torch.long, device=dev)                              # [1]: the current node, never read back
     path = torch.where(j == 0, 0, -1)                                                # [D + 1]: the accepted nodes, root first
@@ -472,6 +481,8 @@ class TreeStep:
         self.W, self.K, self.D, parents = step_shape(method, budget, self.V, width, children, depth, k, acceptance, max_depth)
         self.threshold, self.fill, self.delta = step_options(method, budget, threshold, fill, delta)
         self.capacity, self.device = capacity, input_device(target)
+        self.ids = draft.vocab_ids.to(self.device) if self.features else None      # [R]: the tokens of a head's rows (its reduced vocabulary), which the tree is drawn over
+        self.width = self.V if self.ids is None else len(self.ids)                  # the draft rows' columns: R, or V
         self.N = budget + 1
         self.frame = None if parents is None else shape_frame(parents, self.N, self.device)   # a fixed shape: its pool is the tree's N slots
         self.M = self.N if self.frame else pool_size(self.W, self.K, self.D)
@@ -536,24 +547,25 @@ class TreeStep:
                                weights=self.weights)[0]
 
     def _rows(self, out, temperature, support=0):
-        """The draft's rows FloatTensor[w, V] of a call's output `out` (`_draft`'s); with `support`, each row's `support` most
-        probable tokens only, renormalised. A head's rows are made over its reduced vocabulary (R tokens) and then set at
-        their token ids, zero elsewhere: the rows `full_logits` would give, without a softmax and a top-k over all V."""
+        """The draft's rows FloatTensor[w, width] of a call's output `out` (`_draft`'s); with `support`, each row's `support`
+        most probable tokens only, renormalised. A token draft's are over the vocabulary; a head's over its reduced
+        vocabulary (R tokens, `ids`), which the tree is drawn over and its tokens then named by id (`frontier_tree`): the
+        draws `full_logits`' rows would give, without a top-k, a scatter and the tree's rows over all V at every call
+        (on Qwen2.5's 151,936 tokens, each over a millisecond a step on this project's CPU)."""
         if not self.features: return sampling_probs(out.float(), temperature=temperature, top_k=support)
-        rows = sampling_probs(self.draft.reduced_logits(out).float(), temperature=temperature, top_k=support)   # [w, R]
-        return self.draft.full_logits(rows, fill=0.0)                                                           # [w, V]
+        return sampling_probs(self.draft.reduced_logits(out).float(), temperature=temperature, top_k=support)   # [w, R]
 
     def support(self, K):
         """Random draws without replacement of K children come from each draft row's `DRAW_SUPPORT` most probable tokens
-        (at least K), the row renormalised over them; 0 (the whole row) where that is the vocabulary. The rows the verifier
+        (at least K), the row renormalised over them; 0 (the whole row) where that is the whole row (`width`). The rows the verifier
         checks are those same rows, so the output is still the target's; the Gumbel noise is drawn over the support, not the
         vocabulary (for a 49,152-token vocabulary, noise over every token cost about as much as a draft call on this CPU)."""
         S = max(DRAW_SUPPORT, K)
-        return 0 if S >= self.V else S
+        return 0 if S >= self.width else S
 
     def randomness(self, temperature=0.0, draws=None, generator=None, setting=None):
         """`(noise, u)`: one step's noise for random draws (None for top draws: `draws='top'`, the default at T = 0): Gumbel
-        noise [D, W, S] (S the `support` of the draft's rows, at most V) of the `setting`'s D and W (default the step's own), or for SpecInfer's draws with replacement uniforms
+        noise [D, W, S] (S the `support` of the draft's rows, at most their `width`) of the `setting`'s D and W (default the step's own), or for SpecInfer's draws with replacement uniforms
         [D, W, K]; and the verifier's uniforms [D K + 1] (D the layout's, K the setting's; None at T = 0); drawn on the
         device. EAGLE-2 and OPT-Tree always take top draws, as their host builders."""
         if self.method in ALWAYS_TOP and draws not in (None, 'top'): raise ValueError(f"{self.method} always takes the draft's top tokens: draws={draws!r} is not for it")
@@ -561,7 +573,7 @@ class TreeStep:
         top = self.method in ALWAYS_TOP or ((temperature == 0) if draws is None else draws == 'top')
         if top: noise = None
         elif self.method == 'specinfer': noise = torch.rand(D, W, K, generator=generator, device=self.device)
-        else: noise = gumbel_noise(D, W, self.support(K) or self.V, generator, self.device)
+        else: noise = gumbel_noise(D, W, self.support(K) or self.width, generator, self.device)
         u = None if temperature == 0 else torch.rand(self.D * K + 1, generator=generator, device=self.device, dtype=torch.float64)
         return noise, u
 
@@ -668,11 +680,11 @@ class TreeStep:
             return self._rows(g, draft_temperature, S)
         if self.frame is not None:                                                    # Sequoia's or SpecInfer's shape
             mode = DETERMINISTIC if noise is None else WITH_REPLACEMENT if self.method == 'specinfer' else WITHOUT_REPLACEMENT
-            tree = shape_tree(self.emitted[k_last - 1][0], expand, self.frame, mode, noise)
+            tree = shape_tree(self.emitted[k_last - 1][0], expand, self.frame, mode, noise, self.ids, self.V)
         else:
             adaptive = self.method == 'dyspec_adaptive'
             tree = frontier_tree(self.emitted[k_last - 1][0], expand, N, W, K, D, noise=noise, layer_only=self.method in ('eagle2', 'opt_tree'),
-                                 threshold=self.thr if adaptive else threshold, delta=self.delta)
+                                 threshold=self.thr if adaptive else threshold, delta=self.delta, ids=self.ids, vocab=self.V)
             if adaptive: self.thr.copy_(adapt_threshold(self.thr, tree.valid.sum() - 1, budget, self.fill))
         tick('build')
         anc = tree.ancestor_mask(); depth = anc.sum(1) - 1                          # [N, N] (the verifier's too), [N]
