@@ -453,7 +453,9 @@ def _choose_setting(self: SpecDecoder, greedy):
     that emitted the most tokens per second of its steps. While probes leave the best as it was, the interval between
     them doubles, up to `PROBE_MAX`; once the best changes, the next probe comes `PROBE_EVERY` steps after the last. A setting's rate is read off whatever text its steps met, so
     a small setting unlucky in its first steps is tried again however far below the best it sits; a larger one than the
-    next costs more a step, and is not. No step is spent on measuring alone."""
+    next costs more a step, and is not. No step is spent on measuring alone. A call's first step is not counted (`_decode`):
+    it reads back into the CPU's caches the weights that whatever ran between calls pushed out, a cost of the call, not
+    of the setting it ran at."""
     settings = (PLAIN,) + self.auto_settings                                   # the cheapest step first
     runs = [self.setting_runs.get((greedy, s), (0, 0.0, 0)) for s in settings]   # [tokens, seconds, steps] per setting
     rate = lambda i: runs[i][0] / max(runs[i][1], 1e-9)
@@ -563,7 +565,7 @@ def _decode(self: SpecDecoder, seq, max_new_tokens, sampling, draws, draft_tempe
                 if self.choosing: setting = self.choose_setting(greedy)
                 k, n, depth, *toks = run_step().tolist()                            # the step's one read
                 at = stepper.next_at(at, setting, k)                               # the root k on; a plain step's token waits for the draft with the others
-                if self.choosing: self.count_setting(greedy, setting, k, time.perf_counter() - t0)
+                if self.choosing and stats.records: self.count_setting(greedy, setting, k, time.perf_counter() - t0)   # a call's first step is not counted: it reads back into the caches what ran between calls
             out = _until_eos(toks[:k], eos, max_new_tokens - len(new))
             root = new[-1] if new else seq[-1]
             new += out

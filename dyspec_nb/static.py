@@ -108,7 +108,7 @@ def static_forward(model, cache, buf, rows=None):
     kv = CacheSlots(cache.key_cache, cache.value_cache, buf['slots'], S, cache.plan)   # k, v: [nkv, B, d] into their slots; attention over the first S, under the mask
     if cache.pos is not None: cache.pos.index_copy_(0, buf['slots'], buf['pos'])   # a sliding window: the slots' positions
     masks = window_masks(model, buf['mask'], buf['pos'], None if cache.pos is None else cache.pos[:S])   # per layer, [1, 1, B, S]
-    x, states = lean_layers(model, cache.weights, x, rope, masks, kv, bool(cache.hidden))
+    x, states = lean_layers(model, cache.weights, x, rope, masks, kv, cache.hidden or False)   # the states of the hidden layers alone
     return output_logits(model, x[0] if rows is None else x[0, rows]), (layer_states(states, cache.hidden)[0] if cache.hidden else None)
 
 class StaticCache(LeanCache):

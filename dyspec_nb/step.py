@@ -236,7 +236,7 @@ def greedy_verify(tree, p, D):
     tokens LongTensor[D + 1], count)`: the accepted nodes, root first, and the emitted tokens (theirs, then the target's
     argmax at the last), padded with -1; `count` (a 0-dim tensor) of emitted tokens."""
     N = p.shape[0]; i = torch.arange(N, device=p.device)
-    best = p.argmax(-1)                                                              # [N]: the target's token after each node
+    best = p.max(-1).indices                                                         # [N]: the target's token after each node (the first of equals, as argmax; max's kernel is faster on a CPU)
     ok = tree.valid & ((tree.parents < 0) | (tree.tokens == best[tree.parents.clamp(min=0)]))   # [N]: matches its parent's argmax
     anc = tree.ancestor_mask()                                                       # [N, N]
     accepted = ~(anc & ~ok[None, :]).any(1) & tree.valid                             # [N]: every node of its path matches
@@ -364,7 +364,7 @@ def root_forward(target, cache, root, r, at, temperature, top_p, top_k, u, tick)
     cols = torch.arange(cache.key_cache.shape[2] if at is None else at[0] + 1, device=r.device)   # the slots read
     buf = dict(ids=root, pos=r, slots=r, mask=additive_mask((cols <= r)[None], target.dtype)); tick('mask')
     logits, states = static_forward(target, cache, buf); tick('target')
-    if temperature == 0: return logits[0].argmax(-1, keepdim=True), logits, states
+    if temperature == 0: return logits[0].max(-1, keepdim=True).indices, logits, states   # argmax (the first of equals)
     return inverse_cdf(sampling_probs(logits.float(), temperature, top_p, top_k)[0].double(), u), logits, states
 STEP_METHODS = ('dyspec', 'dyspec_threshold', 'dyspec_adaptive', 'eagle2', 'opt_tree', 'chain', 'sequoia', 'specinfer')
 FIXED_SHAPES = ('sequoia', 'specinfer')     # built by `shape_tree`; the others by `frontier_tree`
