@@ -4,9 +4,9 @@
 
 # %% auto #0
 __all__ = ['HEAD_TYPE', 'HEAD_PRODUCTS', 'default_layers', 'target_fingerprint', 'HeadConfig', 'head_config', 'check_head_target',
-           'rope', 'FeatureHead', 'is_head', 'rope_table', 'head_weights', 'lean_head_layer', 'unroll_mask',
-           'unrolled_logits', 'head_dir', 'save_head', 'is_head_folder', 'with_products', 'load_head', 'rebind_vocab',
-           'HeadCache', 'HeadSession', 'head_call']
+           'rope', 'FeatureHead', 'is_head', 'rope_table', 'head_weights', 'head_plan', 'lean_head_layer',
+           'unroll_mask', 'unrolled_logits', 'head_dir', 'save_head', 'is_head_folder', 'with_products', 'load_head',
+           'rebind_vocab', 'HeadCache', 'HeadSession', 'head_call']
 
 # %% ../nbs/api/4-models/07c_head.ipynb #13d5db53
 import hashlib, json
@@ -20,7 +20,7 @@ from safetensors import SafetensorError
 from safetensors.torch import save_file, load_file
 from .forward import DraftSession, keep_positions, input_device, stacked, rope_turn, fold_mask, grouped_attention
 from .small_linear import bf16_products, linear_product
-from .packed import PackedLinear, int8_products, int8_fits
+from .packed import PackedLinear, PackedPlan, int8_products, int8_fits, packed_kernels, packed_kind, packed_layers, plan_layer
 from .static import host_copy
 
 
@@ -194,22 +194,41 @@ def rope_table(head, n, device='cpu'):
     return head._rope
 
 def head_weights(head):
-    "{name: (weight, bias)}: the stacked products `lean_head_layer` runs (`stacked`: q, k, v as one, gate and up as one), looked up now."
-    return {name: stacked(head, name, mods) for name, mods in (('inp', (head.inp,)), ('qkv', (head.q, head.k, head.v)), ('o', (head.o,)),
-                                                              ('gate_up', (head.gate, head.up)), ('down', (head.down,)))}
+    "{name: (weight, bias)}: the stacked products `lean_head_layer` runs (`stacked`: q, k, v as one, gate and up as one), looked up now; and under 'plan' the `head_plan` on them (or None)."
+    w = {name: stacked(head, name, mods) for name, mods in (('inp', (head.inp,)), ('qkv', (head.q, head.k, head.v)), ('o', (head.o,)),
+                                                           ('gate_up', (head.gate, head.up)), ('down', (head.down,)))}
+    return w | {'plan': head_plan(head, w)}
+
+def head_plan(head, weights):
+    """The `PackedPlan` (06f) of the head's decoder layer on its stacked products `weights` (`head_weights`'), its final
+    norm left to `reduced_logits` (the plan's is an identity): what `lean_head_layer` runs as one C++ call after the input
+    product, as `packed_layers` runs a packed target's layers. None unless every product of the layer is int8 on the CPU
+    (`with_products(head, 'int8')`, beside a packed target) in a float32 head, and the extension has the kernel."""
+    c, ps = head.config, (head.q, head.k, head.v, head.o, head.gate, head.up, head.down)
+    if not (packed_kernels() and head.dtype == torch.float32 and c.head_dim % 16 == 0
+            and all(isinstance(p, PackedLinear) and p.activations == 'int8' and p.bias is None and p.product()[1].is_cpu for p in ps)): return None
+    args, keep = plan_layer(head.attn_norm.weight, head.mlp_norm.weight, head.attn_norm.variance_epsilon, weights['qkv'][0], None, weights['o'][0],
+                            weights['gate_up'][0], weights['down'][0], c.head_dim ** -0.5, [packed_kind(p) for p in (head.q, head.o, head.gate, head.down)])
+    return PackedPlan((c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size), [args], nn.Identity(), keep)
 
 @torch.no_grad()
 def lean_head_layer(head, ids, pos, mask, cache, feats, rope=None, weights=None):
     """`head.layer(head.inputs(ids, feats), pos, mask, cache.update)` with fewer operations: ids, pos [B, T], feats [B, T, H],
     mask as `layer` takes it; out [B, T, H]. `rope`: a `rope_table` long enough for every position (else looked up, which
     reads the largest position on the host); `weights`: `head_weights(head)` taken once (else looked up each call, which a
-    compiled or captured step cannot do)."""
+    compiled or captured step cannot do). On int8 products (`head_plan`), one sequence (B = 1), an additive mask and a
+    cache written by slot (a `StaticHeadCache`, 07e), the layer after the input product is one C++ call (`packed_layers`,
+    06f): the same layer, its norms, attention and activation computed in C++ (float32, not bit for bit PyTorch's)."""
     c = head.config; B, T = ids.shape; H, nh, kvh, d = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim
     norm = lambda x, m: F.rms_norm(x, (H,), m.weight, m.variance_epsilon)
     lin = linear_product(head.q)[0]                                                               # the product the head's modules run now
     w = head_weights(head) if weights is None else weights
     prod = lambda x, name, mods: lin(x, *w[name])                                                 # one product for `mods`, weights stacked
     x = prod(torch.cat([norm(head._embed(ids).to(feats.dtype), head.norm_e), norm(feats, head.norm_f)], -1), 'inp', (head.inp,))   # [B, T, H]
+    if (w.get('plan') is not None and B == 1 and mask is not None and mask.dtype == x.dtype and getattr(cache, 'slots', None) is not None
+            and isinstance(getattr(cache, 'key_cache', None), torch.Tensor)):                     # the rest in C++, the keys and values written at the slots
+        cos, sin = (t[pos[0]][None].to(x.dtype) for t in (rope or rope_table(head, int(pos.max()) + 1, pos.device)))   # [1, T, d]
+        return packed_layers(w['plan'], x, (cos, sin), mask, cache.key_cache, cache.value_cache, cache.slots)[0]
     qkv = prod(norm(x, head.attn_norm), 'qkv', (head.q, head.k, head.v))                          # [B, T, (nh + 2 kvh) d]
     cos, sin = (t[pos][:, None].to(x.dtype) for t in (rope or rope_table(head, int(pos.max()) + 1, pos.device)))   # [B, 1, T, d]
     qk = rope_turn(qkv[..., :(nh + kvh) * d].view(B, T, nh + kvh, d).transpose(1, 2), cos, sin)  # [B, nh + kvh, T, d]: as `rope`, both at once

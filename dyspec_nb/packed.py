@@ -9,7 +9,7 @@ __all__ = ['PACK_FAMILIES', 'BLOCK', 'FORMATS', 'GGUF_BLOCKS', 'CODE_LAYOUTS', '
            'PackedLinear', 'share_storage', 'product_layouts', 'output_packs', 'rope_rows', 'rotary_turned',
            'layer_products', 'gguf_tensors', 'file_blocks', 'pack_gguf', 'packed_bytes', 'q4_1_blocks', 'q8_0_blocks',
            'pack_q4_1', 'int8_fits', 'packed_activations', 'int8_products', 'packed_stack', 'packed_kind', 'PackedPlan',
-           'packed_plan', 'packed_layers']
+           'plan_layer', 'packed_plan', 'packed_layers']
 
 # %% ../nbs/api/3-forward/06f_packed.ipynb #1c22fa35
 import functools, math, struct
@@ -492,6 +492,16 @@ class PackedPlan:
     @property
     def kinds(self): return {k for l in self.layers for k in l[-1]}
 
+def plan_layer(ln1, ln2, eps,        # the two norms' weights FloatTensor[H] and their epsilon
+               w_qkv, b_qkv,         # the stacked q, k, v blocks (tiles with int8 activations) and their bias (or None)
+               w_o, w_gu, w_down,    # the attention output's, the stacked gate and up's, the down projection's
+               scale, kinds):        # the attention's scale; the four products' `packed_kind`s (q, o, gate, down: the stacked ones share a layout)
+    "One decoder layer's entry in a `PackedPlan`: `(its arguments for packed_layer_at, the tensors they point into)`, the tensors read in place by address."
+    ts = [ln1, ln2, w_qkv, b_qkv, w_o, w_gu, w_down]
+    if any(t is not None and not t.is_contiguous() for t in ts): raise ValueError("packed_plan reads its tensors in place: they must be contiguous")
+    a, b, wqkv, bqkv, wo, wgu, wdown = (0 if t is None else t.data_ptr() for t in ts)
+    return (a, b, eps, wqkv, bqkv, wo, wgu, wdown, scale, list(kinds)), [t for t in ts if t is not None]
+
 def packed_plan(model, weights):
     "The `PackedPlan` of `model` on its stacked weights (`LeanCache.weights`: per layer the q, k, v blocks stacked (with int8 activations their tiles), their bias, the gate and up blocks stacked), made once per cache; None unless `packed_stack(model)`."
     if not packed_stack(model): return None
@@ -499,12 +509,9 @@ def packed_plan(model, weights):
     layers, keep = [], []
     for layer, (w_qkv, b_qkv, w_gu, _) in zip(model.model.layers, weights):
         att, mlp = layer.self_attn, layer.mlp
-        ts = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight, w_qkv, b_qkv, att.o_proj.product()[1], w_gu, mlp.down_proj.product()[1]]
-        if any(t is not None and not t.is_contiguous() for t in ts): raise ValueError("packed_plan reads its tensors in place: they must be contiguous")
-        ln1, ln2, wqkv, bqkv, wo, wgu, wdown = (0 if t is None else t.data_ptr() for t in ts)
-        kinds = [packed_kind(p) for p in (att.q_proj, att.o_proj, mlp.gate_proj, mlp.down_proj)]   # the stacked q, k, v share a layout, as do gate and up
-        layers.append((ln1, ln2, layer.input_layernorm.variance_epsilon, wqkv, bqkv, wo, wgu, wdown, att.scaling, kinds))
-        keep += [t for t in ts if t is not None]
+        args, ts = plan_layer(layer.input_layernorm.weight, layer.post_attention_layernorm.weight, layer.input_layernorm.variance_epsilon, w_qkv, b_qkv,
+                              att.o_proj.product()[1], w_gu, mlp.down_proj.product()[1], att.scaling, [packed_kind(p) for p in (att.q_proj, att.o_proj, mlp.gate_proj, mlp.down_proj)])
+        layers.append(args); keep += ts
     d = getattr(c, 'head_dim', None) or c.hidden_size // c.num_attention_heads
     return PackedPlan((c.hidden_size, c.num_attention_heads, c.num_key_value_heads, d, model.model.layers[0].mlp.down_proj.in_features), layers, model.model.norm, keep)
 
