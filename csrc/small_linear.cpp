@@ -403,6 +403,9 @@ constexpr i64 TILE_BLOCK = 320;   // bytes of one block of a tile
 // address past the matrix is harmless). Without them the CPU's own prefetchers left these kernels waiting on memory at
 // every row count, one row included (results/tile_prefetch.json).
 static int tile_ahead = 8;        // 0: no hints; set_tile_ahead
+static inline void fetch_ahead(const std::uint8_t* p, i64 bytes) {   // a tile's block of `bytes` at p: ask for the one tile_ahead blocks on
+    if (tile_ahead) for (i64 o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + tile_ahead * bytes + o), _MM_HINT_T0);
+}
 
 struct Q8Natural {                        // x quantised per block of 32, in x's own order
     std::vector<std::int8_t> q;           // [n, K]
@@ -427,7 +430,7 @@ __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni,fma,f16c"))) static 
     const __m512i low4 = _mm512_set1_epi8(0x0F);
     for (i64 b = 0; b < B; ++b) {
         const std::uint8_t* p = wt + b * TILE_BLOCK;
-        if (tile_ahead) for (i64 o = 0; o < TILE_BLOCK; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + tile_ahead * TILE_BLOCK + o), _MM_HINT_T0);
+        fetch_ahead(p, TILE_BLOCK);
         __m512i lo[4], hi[4];
         for (int j = 0; j < 4; ++j) {
             const __m512i v = _mm512_loadu_si512(p + 64 * j);
@@ -538,7 +541,7 @@ __attribute__((target("avx512f,avx512vl,avx512bw,avx512vnni,fma"))) static inlin
                                           12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0, 12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0);
     for (i64 b = 0; b < B; ++b) {
         const std::uint8_t* p = wt + b * BYTES;
-        if (tile_ahead) for (i64 o = 0; o < BYTES; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p + tile_ahead * BYTES + o), _MM_HINT_T0);
+        fetch_ahead(p, BYTES);
         __m512i c[8];
         if constexpr (L == C8 || L == C8H) { for (int j = 0; j < 8; ++j) c[j] = _mm512_loadu_si512(p + 64 * j); }
         else {

@@ -6,7 +6,7 @@
 #   weights from memory as a decoding step does (the L3 cache holds 260 MB here), hints on and off on different copies;
 #   medians;
 # - the forward: the packed target's whole forward (`static_forward` on a static cache after a 128-token prefix) of 1, 2,
-#   3, 5, 9 and 17 rows, medians of 30 calls each way.
+#   3, 5, 9 and 17 rows, medians of 60 calls each way.
 #     python nbs/experiments/tile_prefetch.py [MODEL.gguf ...]      # default: the embedded target's own GGUF
 import sys, json, time, statistics
 from pathlib import Path
@@ -15,7 +15,7 @@ sys.path.insert(0, str(ROOT))
 import torch
 from dyspec_nb import _linear
 from dyspec_nb.models import load_pair, smollm2_gguf
-from dyspec_nb.packed import PackedLinear
+from dyspec_nb.packed import PackedLinear, tiled_linear
 from dyspec_nb.static import StaticCache, static_forward
 from dyspec_nb.forward import additive_mask
 torch.set_grad_enabled(False)
@@ -43,12 +43,8 @@ def products(model):
         copies = [m.tiles.clone() for _ in range(max(2, int(600e6 // m.tiles.numel())))]
         rec = dict(format=m.fmt, tile_bytes=m.tiles.shape[-1], mb=m.tiles.numel() / 1e6, shape=[m.out_features, m.in_features], rows={})
         for n in ROWS:
-            x, y = torch.randn(n, m.in_features), torch.empty(n, m.out_features)
-            lay = {384: 0, 448: 1, 640: 2, 768: 3}.get(m.tiles.shape[-1])
-            def run(on, i):
-                t = copies[(i + on * len(copies) // 2) % len(copies)]       # on and off read different copies
-                if lay is None: _linear.linear_tiled_q8_at(x.data_ptr(), n, m.in_features, t.data_ptr(), m.out_features, y.data_ptr(), True)
-                else: _linear.linear_codes_q8_at(x.data_ptr(), n, m.in_features, t.data_ptr(), m.out_features, y.data_ptr(), lay, True)
+            x = torch.randn(n, m.in_features)
+            run = lambda on, i: tiled_linear(x, copies[(i + on * len(copies) // 2) % len(copies)])   # on and off read different copies
             run(True, 0)
             rec['rows'][n] = {k: 1e3 * v for k, v in both(run, 4 * len(copies)).items()}
         out[name] = rec
